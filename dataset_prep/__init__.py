@@ -1,0 +1,35 @@
+"""Prepare raw recommendation datasets as RecBole atomic files.
+
+CLI: ``python -m dataset_prep NAME --raw PATH --out DATA_DIR`` (see ``--list``).
+Each raw format is a reader module registered in `registry.FORMATS`; datasets
+with published statistics are in `registry.KNOWN_DATASETS`.
+"""
+
+from .errors import (
+    DatasetPrepError,
+    RawFormatError,
+    RawInputError,
+    StatsMismatchError,
+    UsageError,
+)
+from .pipeline import ConversionResult, convert, convert_one_line
+from .registry import FORMATS, KNOWN_DATASETS, KnownDataset, RawFormat, prepare_command
+from .stats import ExpectedStats, Stats
+
+__all__ = [
+    "FORMATS",
+    "KNOWN_DATASETS",
+    "ConversionResult",
+    "DatasetPrepError",
+    "ExpectedStats",
+    "KnownDataset",
+    "RawFormat",
+    "RawFormatError",
+    "RawInputError",
+    "Stats",
+    "StatsMismatchError",
+    "UsageError",
+    "convert",
+    "convert_one_line",
+    "prepare_command",
+]

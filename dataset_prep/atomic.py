@@ -1,0 +1,107 @@
+"""All-or-nothing output: staged temporary files, replaced into place at the end.
+
+Temporaries live in the target directory so `os.replace` is an atomic rename
+on the same filesystem; readers therefore see either the old file or the
+complete new one, never a partial write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from .errors import UsageError
+
+
+class Stage:
+    """Temporary files in one directory waiting to be renamed into place."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._pending: list[tuple[Path, Path, BinaryIO]] = []
+
+    def open(self, filename: str) -> BinaryIO:
+        """A binary file that becomes `directory/filename` on commit."""
+        final = self.directory / filename
+        tmp = self.directory / f".{filename}.{secrets.token_hex(6)}.tmp"
+        # os.open with 0o666 lets the umask decide permissions, like a plain open().
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        fh = os.fdopen(fd, "wb")
+        self._pending.append((tmp, final, fh))
+        return fh
+
+    def commit(self) -> None:
+        """Flush every temporary to disk, then rename each over its target."""
+        for _, _, fh in self._pending:
+            fh.flush()
+            os.fsync(fh.fileno())
+            fh.close()
+        while self._pending:
+            tmp, final, _ = self._pending[0]
+            os.replace(tmp, final)
+            self._pending.pop(0)
+
+    def discard(self) -> None:
+        """Close and delete every temporary not yet renamed."""
+        for tmp, _, fh in self._pending:
+            with contextlib.suppress(OSError):
+                fh.close()
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        self._pending.clear()
+
+
+@contextlib.contextmanager
+def staged_output(directory: Path | str) -> Iterator[Stage]:
+    """Create `directory` if needed and commit the staged files if the block succeeds.
+
+    On any exception (KeyboardInterrupt included) the temporaries are removed
+    and directories this call created are removed again if they are empty.
+    """
+    directory = Path(directory)
+    created = _make_dirs(directory)
+    stage = Stage(directory)
+    try:
+        yield stage
+        stage.commit()
+    except BaseException:
+        stage.discard()
+        for path in reversed(created):
+            with contextlib.suppress(OSError):
+                path.rmdir()  # fails, as wanted, if anything is in it
+        raise
+
+
+def _make_dirs(directory: Path) -> list[Path]:
+    """mkdir -p, returning the directories actually created, outermost first."""
+    missing = []
+    path = directory
+    while not path.exists():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"cannot create output directory {directory}: {path} is not a directory")
+    created = []
+    try:
+        for path in reversed(missing):
+            try:
+                path.mkdir()
+            except FileExistsError:
+                if not path.is_dir():
+                    raise UsageError(
+                        f"cannot create output directory {directory}: {path} is not a directory"
+                    ) from None
+                continue  # made concurrently by someone else: not ours to remove
+            created.append(path)
+    except BaseException:
+        for path in reversed(created):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        raise
+    return created
