@@ -1,0 +1,1 @@
+"""Property (yaml) files of recbole-freq, installed as ``recbole_freq.properties``."""

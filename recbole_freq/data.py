@@ -1,0 +1,54 @@
+"""Dataset guard: a dataset is used only where it was prepared, never downloaded.
+
+RecBole downloads its own version of a dataset whose folder is missing, and several of
+its names (``ml-1m``, ``yelp``, ``lastfm`` ...) denote data that differ from the papers'
+preprocessed sets.  A silently different dataset would make every number wrong, so a
+missing dataset is an error that names the command preparing it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from recbole.data.dataset import Dataset
+
+
+class DatasetNotPreparedError(FileNotFoundError):
+    pass
+
+
+def _prepare_hint(dataset: str, data_root: str) -> str:
+    from dataset_prep import DatasetPrepError, prepare_command
+
+    try:
+        return prepare_command(dataset, data_root)
+    except DatasetPrepError:
+        return f"python -m dataset_prep <name> --raw <raw file> --out {data_root}"
+
+
+def not_prepared_error(dataset: str, dataset_dir: str) -> DatasetNotPreparedError:
+    data_root = os.path.dirname(os.path.normpath(dataset_dir)) or "."
+    return DatasetNotPreparedError(
+        f"dataset {dataset!r} is not prepared: {os.path.join(dataset_dir, dataset + '.inter')} "
+        f"does not exist. Prepare it with:\n    {_prepare_hint(dataset, data_root)}\n"
+        "or point --data_path at the folder that holds it. (recbole-freq never lets "
+        "RecBole download a dataset: its downloads differ from the papers' data.)"
+    )
+
+
+def check_prepared(config) -> str:
+    """Path of the dataset's ``.inter`` file; ``DatasetNotPreparedError`` if it is absent."""
+    dataset_dir = config["data_path"]
+    inter_file = os.path.join(dataset_dir, f"{config['dataset']}.inter")
+    if not os.path.isfile(inter_file):
+        raise not_prepared_error(config["dataset"], dataset_dir)
+    return inter_file
+
+
+def _refuse_download(self):
+    raise not_prepared_error(self.dataset_name, self.dataset_path)
+
+
+def forbid_recbole_downloads() -> None:
+    """Replace RecBole's ``Dataset._download`` by the not-prepared error."""
+    Dataset._download = _refuse_download
