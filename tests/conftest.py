@@ -1,0 +1,69 @@
+"""Shared fixtures: small real datasets and configurations for the real RecBole pipeline."""
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+import recbole_freq  # noqa: F401  (applies the compatibility fixes first)
+from dataset_prep import convert_one_line
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data" / "s3rec"
+
+# Small, fast settings: the pipeline is real, only the sizes shrink.
+SMALL_MODEL = {
+    "hidden_size": 16,
+    "inner_size": 32,
+    "n_heads": 2,
+    "n_layers": 2,
+    "MAX_ITEM_LIST_LENGTH": 12,
+    "train_batch_size": 64,
+    "eval_batch_size": 256,
+    "epochs": 2,
+    "show_progress": False,
+    "state": "WARNING",
+    "seed": 7,
+}
+
+
+def write_sequences(path: Path, n_users=60, n_items=40, seed=0, min_len=5, max_len=16):
+    """One-line-per-user file with random sequences (ids from 1, as in the papers' files)."""
+    rng = random.Random(seed)
+    lines = []
+    for user in range(1, n_users + 1):
+        length = rng.randint(min_len, max_len)
+        # Users drift through the catalogue so sequences carry some order signal.
+        start = rng.randint(1, n_items)
+        items = [((start + step + rng.randint(0, 2) - 1) % n_items) + 1 for step in range(length)]
+        lines.append(" ".join(str(v) for v in [user, *items]))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """Data folder holding the prepared dataset ``tiny`` (60 users, 40 items)."""
+    root = tmp_path_factory.mktemp("data")
+    raw = write_sequences(root / "tiny.txt")
+    convert_one_line(raw, root, "tiny", show_progress=False)
+    return root
+
+
+@pytest.fixture
+def small_config(tiny_data, tmp_path):
+    """Overrides for a fast real run on ``tiny``, writing into ``tmp_path``."""
+    return dict(
+        SMALL_MODEL,
+        data_path=str(tiny_data),
+        checkpoint_dir=str(tmp_path / "saved"),
+        log_wandb=False,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cwd(tmp_path, monkeypatch):
+    # RecBole writes log/ and log_tensorboard/ into the working directory.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["pytest"])

@@ -1,0 +1,114 @@
+"""The entry point: summary, overrides, property files, and clear errors on bad input."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT
+from recbole_freq.config import FreqConfig, property_files
+from recbole_freq.quick_start import main
+
+
+def cli_args(config: dict) -> list[str]:
+    return [f"--{key}={value}" for key, value in config.items()]
+
+
+def test_main_prints_readable_summary(small_config, capsys):
+    code = main(["--model=BSARec", "--dataset=tiny", *cli_args(dict(small_config, epochs=1))])
+    out = capsys.readouterr().out
+    assert code == 0
+    for text in (
+        "BSARec on tiny",
+        "epochs run: 1",
+        "hit@5",
+        "ndcg@20",
+        "valid (best)",
+        "checkpoint:",
+        ".pth",
+    ):
+        assert text in out
+
+
+def test_overrides_and_config_files_follow_recbole_priority(tiny_data, tmp_path):
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text("alpha: 0.1\nc: 5\nlearning_rate: 0.01\n")
+    second.write_text("alpha: 0.3\n")
+    config = FreqConfig(
+        "BSARec",
+        "tiny",
+        config_file_list=[str(first), str(second)],
+        cmd_overrides={"c": "7", "data_path": str(tiny_data)},
+    )
+    assert (config["alpha"], config["c"], config["learning_rate"]) == (0.3, 7, 0.01)
+    assert config["hidden_size"] == 64 and config["hidden_dropout_prob"] == 0.5  # model yaml
+    assert config["eval_args"]["split"] == {"LS": "valid_and_test"}  # overall.yaml
+
+
+def test_paper_settings_are_ready_property_files():
+    files = property_files("BSARec", "lastfm", paper=True)
+    assert files[-1].endswith(os.path.join("paper", "BSARec", "lastfm.yaml"))
+    config = FreqConfig("BSARec", "lastfm", cmd_overrides={"data_path": "unused"}, paper=True)
+    assert (config["alpha"], config["c"], config["n_heads"], config["learning_rate"]) == (
+        0.9,
+        3,
+        1,
+        0.001,
+    )
+    with pytest.raises(ValueError, match="no paper settings for BSARec on 'tiny'"):
+        property_files("BSARec", "tiny", paper=True)
+
+
+def test_config_ignores_foreign_command_line_flags(monkeypatch):
+    # Ray workers and pytest pass their own flags; RecBole's Config would read them.
+    monkeypatch.setattr(sys, "argv", ["worker", "--alpha=0.123", "--node-ip-address=1.2.3.4"])
+    assert FreqConfig("BSARec", "lastfm", cmd_overrides={"data_path": "x"})["alpha"] == 0.9
+
+
+BAD_INPUTS = [
+    (["--model=NoSuchModel"], "unknown model 'NoSuchModel'"),
+    (["--dataset=amazon-toys-games"], "dataset 'amazon-toys-games' is not prepared"),
+    (["--dataset=amazon-toys-games"], "python -m dataset_prep amazon-toys-games --raw"),
+    (["--alpha=1.5"], r"alpha=1.5 must lie in [0, 1]"),
+    (["--c=0"], "c=0 is out of range"),
+    (["--c=200"], "c=200 is out of range for MAX_ITEM_LIST_LENGTH=12"),
+    (["--n_heads=3"], "hidden_size=16 is not divisible by n_heads=3"),
+    (
+        ["--model=FBSARec", "--fusion_branches=['bsa','nope']"],
+        "fusion_branches=['bsa', 'nope'] is invalid",
+    ),
+    (["--config_files", "missing.yaml"], "config file 'missing.yaml' does not exist"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_INPUTS, ids=[m for _, m in BAD_INPUTS])
+def test_bad_input_is_a_clear_error(small_config, capsys, args, message):
+    given = {arg[2:].split("=", 1)[0] for arg in args if "=" in arg}
+    base = {
+        key: value for key, value in {"dataset": "tiny", **small_config}.items() if key not in given
+    }
+    code = main([*cli_args(base), *args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+
+
+def test_malformed_override_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model=BSARec", "alpha=0.5"])
+    assert exit_info.value.code == 2
+    assert "--key=value" in capsys.readouterr().err
+
+
+def test_entry_point_script_exits_non_zero_on_unknown_model(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "run_recbole_freq.py"), "--model=Nope"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "unknown model 'Nope'" in result.stderr and "BSARec" in result.stderr
+    assert "Traceback" not in result.stderr

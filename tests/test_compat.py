@@ -1,0 +1,73 @@
+"""The compatibility module: RecBole 1.2.1 behaves on our stack as on its own."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import recbole.trainer.trainer as trainer_module
+import torch
+from recbole.data import create_dataset
+from recbole.evaluator.metrics import NDCG, Hit
+
+from recbole_freq import compat
+from recbole_freq.config import FreqConfig
+from recbole_freq.data import DatasetNotPreparedError
+
+
+class NotAllowlisted:
+    pass
+
+
+def test_numpy_aliases_name_the_old_types():
+    assert np.float_ is np.float64 and np.complex_ is np.complex128 and np.unicode_ is np.str_
+    assert np.dtype(np.float) == np.float64 and np.dtype(np.int) == np.int64
+
+
+def test_recbole_metrics_give_textbook_values():
+    # One user, hit at rank 2 of top-3: HR@3 = 1, NDCG@3 = 1 / log2(3).
+    pos_index = np.array([[False, True, False]])
+    pos_len = np.array([1])
+    config = {"topk": [3], "metric_decimal_place": 6}
+    assert Hit(config).metric_info(pos_index)[0, 2] == 1.0
+    assert NDCG(config).metric_info(pos_index, pos_len)[0, 2] == pytest.approx(1 / np.log2(3))
+
+
+def test_foreign_checkpoint_is_not_unpickled(tmp_path):
+    path = tmp_path / "foreign.pth"
+    torch.save({"state_dict": {}, "payload": NotAllowlisted()}, path)
+    with pytest.raises(compat.UntrustedCheckpointError, match="not written by this run"):
+        trainer_module.torch.load(str(path))
+    # Plain tensors load safely even when foreign.
+    torch.save({"w": torch.ones(2)}, tmp_path / "weights.pth")
+    assert torch.equal(trainer_module.torch.load(str(tmp_path / "weights.pth"))["w"], torch.ones(2))
+
+
+def test_own_checkpoint_is_loaded_in_full(tmp_path):
+    path = tmp_path / "own.pth"
+    torch.save({"payload": NotAllowlisted()}, path)
+    compat.register_own_checkpoint(str(path))
+    assert isinstance(trainer_module.torch.load(str(path))["payload"], NotAllowlisted)
+
+
+def test_pandas_3_is_refused_with_the_fix(monkeypatch):
+    monkeypatch.setattr(pd, "__version__", "3.1.0")
+    with pytest.raises(ImportError, match="pandas < 3"):
+        compat._require_pandas_below_3()
+
+
+def test_recbole_never_downloads_a_missing_dataset(tmp_path):
+    config = FreqConfig("SASRec", "yelp", cmd_overrides={"data_path": str(tmp_path)})
+    with pytest.raises(DatasetNotPreparedError, match="python -m dataset_prep yelp"):
+        create_dataset(config)
+    assert list(tmp_path.iterdir()) == []  # nothing created, nothing downloaded
+
+
+def test_importing_recbole_freq_restores_everything_in_a_fresh_process():
+    code = "import recbole_freq, numpy as np; from recbole.config import Config; print(np.float_)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "float64" in result.stdout
