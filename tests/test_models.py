@@ -200,3 +200,49 @@ def test_ml100k_two_epochs_end_to_end(tmp_path):
     assert summary["config"]["data_path"].endswith("ml-100k")
     # A trained model ranks far better than chance (20 of 1,682 items: HR@20 ~ 0.012).
     assert summary["test_result"]["hit@20"] > 0.05
+
+
+def test_registered_components_are_one_config_line_away(small_config, monkeypatch):
+    """An operator or residual path registered in layers.py is picked by config, gets its
+    config keys as options, and its regularization_loss() is added to the loss."""
+    from recbole_freq.model import layers
+
+    class ScaledSoftmax(layers.SoftmaxAttention):
+        def __init__(self, dropout_prob, scale):
+            super().__init__(dropout_prob)
+            self.scale = scale
+            self.penalty = torch.nn.Parameter(torch.tensor(0.25))
+
+        def regularization_loss(self):
+            return self.penalty
+
+    sublayers = []
+
+    def tracking_residual(ctx):
+        sublayers.append(ctx.sublayer)
+        return layers.StandardResidual(ctx.hidden_size, ctx.hidden_dropout_prob, ctx.layer_norm_eps)
+
+    monkeypatch.setitem(
+        layers.ATTENTION_OPERATORS,
+        "scaled",
+        layers.Component(
+            lambda ctx, test_scale=1.0: ScaledSoftmax(ctx.attn_dropout_prob, test_scale),
+            ("test_scale",),
+        ),
+    )
+    monkeypatch.setitem(layers.RESIDUAL_PATHS, "tracking", layers.Component(tracking_residual))
+    overrides = dict(small_config, attention_operator="scaled", test_scale=3.0, residual="tracking")
+    config, train, _, _ = prepare("BSARec", overrides)
+    model = BSARec(config, train._dataset)
+    operators = [block.mixer.attention.operator for block in model.encoder.blocks]
+    assert all(isinstance(op, ScaledSoftmax) and op.scale == 3.0 for op in operators)
+    assert sublayers == ["attention", "filter", "feed_forward"] * 2
+    assert model.regularization_loss().item() == pytest.approx(0.5)
+    model.eval()
+    batch = first_batch(train)
+    plain = torch.nn.functional.cross_entropy(
+        model.forward(batch["item_id_list"], batch["item_length"])
+        @ model.item_embedding.weight.t(),
+        batch["item_id"],
+    )
+    assert model.calculate_loss(batch).item() == pytest.approx(plain.item() + 0.5, rel=1e-5)

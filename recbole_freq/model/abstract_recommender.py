@@ -8,6 +8,8 @@ from recbole.model.loss import BPRLoss
 from torch import nn
 
 from recbole_freq.model.layers import (
+    ATTENTION_OPERATORS,
+    RESIDUAL_PATHS,
     SequenceEmbedding,
     build_attention_mask,
     build_encoder,
@@ -21,6 +23,14 @@ def config_value(config, key, default=None):
     """``config[key]`` with a default; RecBole's ``Config`` returns None for missing keys."""
     value = config[key]
     return default if value is None else value
+
+
+def component_options(config, registry, name) -> dict:
+    """The config values a registered encoder component asks for (unknown names pass
+    through; ``build_encoder`` reports them)."""
+    component = registry.get(name)
+    keys = component.config_keys if component else ()
+    return {key: config[key] for key in keys if config[key] is not None}
 
 
 class TransformerRecommender(SequentialRecommender):
@@ -61,6 +71,8 @@ class TransformerRecommender(SequentialRecommender):
         self.apply(lambda module: init_weights(module, self.initializer_range))
 
     def encoder_settings(self, config) -> dict:
+        operator = config_value(config, "attention_operator", "softmax")
+        residual = config_value(config, "residual", "standard")
         return dict(
             n_layers=config["n_layers"],
             hidden_size=config["hidden_size"],
@@ -72,7 +84,10 @@ class TransformerRecommender(SequentialRecommender):
             layer_norm_eps=config["layer_norm_eps"],
             max_seq_length=self.max_seq_length,
             token_mixer=self.token_mixer,
-            attention_operator=config_value(config, "attention_operator", "softmax"),
+            attention_operator=operator,
+            operator_options=component_options(config, ATTENTION_OPERATORS, operator),
+            residual=residual,
+            residual_options=component_options(config, RESIDUAL_PATHS, residual),
         )
 
     @property
@@ -94,9 +109,19 @@ class TransformerRecommender(SequentialRecommender):
             neg_items = interaction[self.NEG_ITEM_ID]
             pos_score = (seq_output * self.item_embedding(pos_items)).sum(-1)
             neg_score = (seq_output * self.item_embedding(neg_items)).sum(-1)
-            return self.loss_fct(pos_score, neg_score)
+            return self.loss_fct(pos_score, neg_score) + self.regularization_loss()
         logits = seq_output @ self.item_embedding.weight.t()
-        return self.loss_fct(logits, pos_items)
+        return self.loss_fct(logits, pos_items) + self.regularization_loss()
+
+    def regularization_loss(self):
+        """Sum of the ``regularization_loss()`` terms that encoder components define
+        (e.g. a sparsity penalty of an attention operator); 0 when none does."""
+        terms = [
+            module.regularization_loss()
+            for module in self.encoder.modules()
+            if hasattr(module, "regularization_loss")
+        ]
+        return sum(terms) if terms else 0.0
 
     def predict(self, interaction):
         seq_output = self.forward(interaction[self.ITEM_SEQ], interaction[self.ITEM_SEQ_LEN])

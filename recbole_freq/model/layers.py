@@ -14,7 +14,8 @@ Tensors are ``(batch, seq_len, hidden)`` unless stated; attention masks are bool
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -131,7 +132,34 @@ class SoftmaxAttention(nn.Module):
         )
 
 
-ATTENTION_OPERATORS = {"softmax": SoftmaxAttention}
+@dataclass(frozen=True)
+class LayerContext:
+    """What a component factory may need to know about the layer it is built for."""
+
+    hidden_size: int
+    n_heads: int
+    max_seq_length: int
+    hidden_dropout_prob: float
+    attn_dropout_prob: float
+    layer_norm_eps: float
+    layer_index: int
+    sublayer: str = ""  # for residual paths: "attention", "filter" or "feed_forward"
+
+
+@dataclass(frozen=True)
+class Component:
+    """A configurable encoder piece: ``factory(context, **options)``, where the options are
+    the values of ``config_keys`` passed as keyword arguments of the same names (keys
+    absent from the config fall back to the factory's defaults)."""
+
+    factory: Callable[..., nn.Module]
+    config_keys: tuple[str, ...] = ()
+
+
+# Attention operators: (query, key, value, mask) -> A V, per head.
+ATTENTION_OPERATORS: dict[str, Component] = {
+    "softmax": Component(lambda ctx: SoftmaxAttention(ctx.attn_dropout_prob)),
+}
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -345,6 +373,19 @@ class TransformerEncoder(nn.Module):
 
 TOKEN_MIXERS = ("self_attention", "bsa")
 
+# Residual paths: (sublayer_output, sublayer_input) -> next hidden states.
+RESIDUAL_PATHS: dict[str, Component] = {
+    "standard": Component(
+        lambda ctx: StandardResidual(ctx.hidden_size, ctx.hidden_dropout_prob, ctx.layer_norm_eps)
+    ),
+}
+
+
+def _lookup(registry: dict[str, Component], kind: str, name: str) -> Component:
+    if name not in registry:
+        raise ValueError(f"{kind}={name!r} is unknown; choose from {sorted(registry)}")
+    return registry[name]
+
 
 def build_encoder(
     *,
@@ -359,6 +400,9 @@ def build_encoder(
     max_seq_length: int,
     token_mixer: str = "self_attention",
     attention_operator: str = "softmax",
+    operator_options: dict | None = None,
+    residual: str = "standard",
+    residual_options: dict | None = None,
     alpha: float = 0.0,
     c: int = 1,
     beta_type: str = "vector",
@@ -381,29 +425,40 @@ def build_encoder(
         raise ValueError(
             f"token_mixer={token_mixer!r} is unknown; choose from {list(TOKEN_MIXERS)}"
         )
-    if attention_operator not in ATTENTION_OPERATORS:
-        raise ValueError(
-            f"attention_operator={attention_operator!r} is unknown; "
-            f"choose from {sorted(ATTENTION_OPERATORS)}"
-        )
-
-    def residual():
-        return StandardResidual(hidden_size, hidden_dropout_prob, layer_norm_eps)
+    operator = _lookup(ATTENTION_OPERATORS, "attention_operator", attention_operator)
+    residual_path = _lookup(RESIDUAL_PATHS, "residual", residual)
 
     blocks = []
-    for _ in range(n_layers):
+    for layer_index in range(n_layers):
+        context = LayerContext(
+            hidden_size,
+            n_heads,
+            max_seq_length,
+            hidden_dropout_prob,
+            attn_dropout_prob,
+            layer_norm_eps,
+            layer_index,
+        )
+
+        def residual_for(sublayer: str, context=context) -> nn.Module:
+            return residual_path.factory(
+                replace(context, sublayer=sublayer), **(residual_options or {})
+            )
+
         attention = MultiHeadSelfAttention(
             hidden_size,
             n_heads,
-            ATTENTION_OPERATORS[attention_operator](attn_dropout_prob),
-            residual(),
+            operator.factory(context, **(operator_options or {})),
+            residual_for("attention"),
         )
         if token_mixer == "bsa":
             rescaler = FrequencyRescaler(max_seq_length, c, hidden_size, beta_type)
-            mixer = BeyondSelfAttentionMixer(attention, rescaler, residual(), alpha)
+            mixer = BeyondSelfAttentionMixer(attention, rescaler, residual_for("filter"), alpha)
         else:
             mixer = SelfAttentionMixer(attention)
-        feed_forward = FeedForward(hidden_size, inner_size, hidden_act, residual())
+        feed_forward = FeedForward(
+            hidden_size, inner_size, hidden_act, residual_for("feed_forward")
+        )
         blocks.append(
             TransformerBlock(
                 mixer, feed_forward, fusion_branches, fusion_weights, learn_fusion_weights
