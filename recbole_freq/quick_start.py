@@ -126,7 +126,6 @@ def run(
         temporary = summary_file.with_name(summary_file.name + ".tmp")
         temporary.write_text(json.dumps(summary, indent=2, default=str))
         os.replace(temporary, summary_file)
-    logger.info("\n" + format_summary(summary))
     return summary
 
 
