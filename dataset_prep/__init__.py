@@ -1,8 +1,9 @@
 """Prepare raw recommendation datasets as RecBole atomic files.
 
 CLI: ``python -m dataset_prep NAME --raw PATH --out DATA_DIR`` (see ``--list``).
-Each raw format is a reader module registered in `registry.FORMATS`; datasets
-with published statistics are in `registry.KNOWN_DATASETS`.
+Each raw format is a reader module registered in `registry.FORMATS`; raw logs
+go through the S3-Rec procedure in `procedure`. Datasets with published
+statistics are in `registry.KNOWN_DATASETS`.
 """
 
 from .errors import (
@@ -15,6 +16,7 @@ from .errors import (
 from .pipeline import ConversionResult, convert, convert_one_line
 from .registry import FORMATS, KNOWN_DATASETS, KnownDataset, RawFormat, prepare_command
 from .stats import ExpectedStats, Stats
+from .tabular import TableOptions
 
 __all__ = [
     "FORMATS",
@@ -28,6 +30,7 @@ __all__ = [
     "RawInputError",
     "Stats",
     "StatsMismatchError",
+    "TableOptions",
     "UsageError",
     "convert",
     "convert_one_line",

@@ -23,6 +23,7 @@ class Stage:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._pending: list[tuple[Path, Path, BinaryIO]] = []
+        self._removals: list[Path] = []
 
     def open(self, filename: str) -> BinaryIO:
         """A binary file that becomes `directory/filename` on commit."""
@@ -34,8 +35,16 @@ class Stage:
         self._pending.append((tmp, final, fh))
         return fh
 
+    def remove(self, filename: str) -> None:
+        """Delete `directory/filename`, if present, after the renames of `commit`.
+
+        For files an earlier run wrote that this run does not, so that no stale
+        file is left beside the new ones.
+        """
+        self._removals.append(self.directory / filename)
+
     def commit(self) -> None:
-        """Flush every temporary to disk, then rename each over its target."""
+        """Flush every temporary to disk, rename each over its target, then remove."""
         for _, _, fh in self._pending:
             fh.flush()
             os.fsync(fh.fileno())
@@ -44,6 +53,10 @@ class Stage:
             tmp, final, _ = self._pending[0]
             os.replace(tmp, final)
             self._pending.pop(0)
+        while self._removals:
+            with contextlib.suppress(FileNotFoundError):
+                self._removals[0].unlink()
+            self._removals.pop(0)
 
     def discard(self) -> None:
         """Close and delete every temporary not yet renamed."""
@@ -53,6 +66,7 @@ class Stage:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
         self._pending.clear()
+        self._removals.clear()
 
 
 @contextlib.contextmanager

@@ -5,14 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from .errors import DatasetPrepError, StatsMismatchError
 from .pipeline import convert
-from .registry import DEFAULT_FORMAT, FORMATS, KNOWN_DATASETS, SOURCE_REPOSITORIES
+from .registry import FORMATS, KNOWN_DATASETS, ONE_LINE, SOURCE_REPOSITORIES, TABLE
 from .stats import COUNT_CONVENTION, format_report
+from .tabular import TableOptions
 
 PROG = "python -m dataset_prep"
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+_TABLE_FLAGS = ("user_col", "item_col", "time_col", "sep", "time_format", "first_per_pair")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,19 +23,45 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         usage=f"{PROG} NAME --raw PATH --out DATA_DIR [options]\n       {PROG} --list",
         description=(
-            "Convert a raw dataset into RecBole atomic files "
-            "DATA_DIR/NAME/NAME.inter and DATA_DIR/NAME/NAME.stats.json. "
-            "Known dataset names get their statistics checked."
+            "Prepare a raw dataset as RecBole atomic files DATA_DIR/NAME/NAME.inter, "
+            "NAME.stats.json and (raw logs) NAME.idmap.json, following the S3-Rec "
+            "procedure. Known dataset names (see --list) read their public raw source "
+            "and get their statistics checked."
         ),
     )
     parser.add_argument("name", nargs="?", metavar="NAME", help="dataset name (see --list)")
-    parser.add_argument("--raw", metavar="PATH", help="raw input file")
+    parser.add_argument("--raw", metavar="PATH", help="raw input file (gzipped or not)")
     parser.add_argument("--out", metavar="DATA_DIR", help="RecBole data_path to write into")
     parser.add_argument(
         "--format",
-        default=DEFAULT_FORMAT,
         choices=sorted(FORMATS),
-        help=f"raw input format (default: {DEFAULT_FORMAT})",
+        help=f"raw input format (default: the raw source of a known NAME, else {ONE_LINE})",
+    )
+    parser.add_argument(
+        "--core",
+        type=int,
+        metavar="K",
+        help="raw logs: keep the K-core of users and items (default 5; 1 keeps everything)",
+    )
+    table = parser.add_argument_group(f"--format {TABLE} (your own CSV/TSV log with a header)")
+    table.add_argument("--user-col", metavar="COL", help="user column (default: user_id)")
+    table.add_argument("--item-col", metavar="COL", help="item column (default: item_id)")
+    table.add_argument("--time-col", metavar="COL", help="time column (default: timestamp)")
+    table.add_argument(
+        "--sep",
+        metavar="SEP",
+        help="field separator: one character, or 'tab' (default: ',' "
+        "or a tab if the header has one)",
+    )
+    table.add_argument(
+        "--time-format",
+        metavar="FMT",
+        help="strptime format of the times (default: numbers or ISO 8601 dates)",
+    )
+    table.add_argument(
+        "--first-per-pair",
+        action="store_true",
+        help="keep only the first row of each (user, item) pair in file order",
     )
     parser.add_argument(
         "--no-check",
@@ -45,20 +74,66 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def list_text() -> str:
-    """The --list output: known datasets, raw files, expected statistics."""
-    header = f"{'name':<24}{'raw file':<25}{'users':>8}{'items':>8}{'interactions':>14}  source"
-    lines = ["Known datasets:", "", header]
+    """The --list output: known datasets, raw files and their sources, expected statistics."""
+    header = (
+        f"{'name':<24}{'raw file':<39}{'users':>8}{'items':>8}{'interactions':>14}"
+        f"{'avg len':>9}{'sparsity':>10}"
+    )
+    lines = ["Known datasets (S3-Rec procedure; expected statistics as published):", ""]
+    lines.append(header)
     for d in KNOWN_DATASETS.values():
         e = d.expected
+        avg = e.interactions / e.users
+        sparsity = 100 * (1 - e.interactions / (e.users * e.items))
         lines.append(
-            f"{d.name:<24}{d.raw_file:<25}{e.users:>8,}{e.items:>8,}{e.interactions:>14,}"
-            f"  {d.source}"
+            f"{d.name:<24}{d.raw_file:<39}{e.users:>8,}{e.items:>8,}{e.interactions:>14,}"
+            f"{avg:>9.2f}{sparsity:>9.2f}%"
         )
-    lines += ["", COUNT_CONVENTION, "", "Raw one-line-per-user files are published in:"]
+    lines += ["", f"({COUNT_CONVENTION})", "", "Where to get the raw files:"]
+    for d in KNOWN_DATASETS.values():
+        lines.append(f"  {d.name} ({d.description}): {d.raw_file}, --format {d.format}")
+        lines.append(f"      {d.source}")
+        lines.append(
+            f"      or the processed {d.one_line_file} of S3-Rec/FMLP-Rec/BSARec "
+            f"with --format {ONE_LINE}"
+        )
+        if d.note:
+            lines.append(f"      note: {d.note}")
+    lines += ["", "One-line-per-user files are published in:"]
     lines += [f"  {label:<9} {url}" for label, url in SOURCE_REPOSITORIES]
     lines += ["", "Formats:"]
-    lines += [f"  {f.name:<9} {f.description}" for f in FORMATS.values()]
-    lines += ["", f"Usage: {PROG} NAME --raw PATH --out DATA_DIR"]
+    lines += [f"  {f.name:<14} {f.description}" for f in FORMATS.values()]
+    lines += [
+        "",
+        "Usage:",
+        f"  {PROG} amazon-beauty --raw reviews_Beauty_5.json.gz --out dataset",
+        f"  {PROG} amazon-beauty --raw Beauty.txt --out dataset --format {ONE_LINE}",
+        f"  {PROG} mylog --raw log.csv --out dataset --format {TABLE} "
+        "--user-col user --item-col item --time-col time",
+    ]
+    return "\n".join(lines)
+
+
+def preparation_text(details: dict[str, Any]) -> str:
+    """What the S3-Rec procedure did: rows read and skipped, the k-core filter."""
+    skipped = ", ".join(
+        f"{n:,} {reason}" for reason, n in details.get("rows_skipped", {}).items() if n
+    )
+    lines = [
+        f"read {details['rows_read']:,} rows: {details['interactions_collected']:,} "
+        "interactions" + (f" (skipped: {skipped})" if skipped else "")
+    ]
+    core, removed = details["core"], details["removed_by_core"]
+    cores = (
+        f"{core['user']}-core"
+        if core["user"] == core["item"]
+        else f"{core['user']}-core users / {core['item']}-core items"
+    )
+    lines.append(
+        f"{cores} ({core['passes']} pass{'es' if core['passes'] != 1 else ''}) "
+        f"removed {removed['users']:,} users, "
+        f"{removed['items']:,} items, {removed['interactions']:,} interactions"
+    )
     return "\n".join(lines)
 
 
@@ -91,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             fmt=args.format,
             check=not args.no_check,
             show_progress=not args.quiet,
+            core=args.core,
+            table=_table_options(args),
         )
     except StatsMismatchError as exc:
         _error(f"{exc} Use --no-check to write it anyway.")
@@ -107,7 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
 
     src = result.source
-    print(f"{src.path} ({src.size:,} bytes, sha256 {src.sha256[:16]}...)")
+    print(f"{src.path} ({src.size:,} bytes, sha256 {src.sha256[:16]}..., format {result.format})")
+    if result.details:
+        print(preparation_text(result.details))
     print(format_report(result.name, result.stats, result.expected))
     if result.mismatches:
         print(
@@ -115,8 +194,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
     print(f"wrote {result.inter_path} ({result.stats.interactions:,} rows)")
+    if result.idmap_path is not None:
+        print(f"wrote {result.idmap_path}")
     print(f"wrote {result.stats_path}")
     return EXIT_OK
+
+
+def _table_options(args: argparse.Namespace) -> TableOptions | None:
+    """TableOptions from the CSV flags; None when no flag was given and the format is not CSV."""
+    given = {flag: getattr(args, flag) for flag in _TABLE_FLAGS if getattr(args, flag)}
+    if not given and args.format != TABLE:
+        return None
+    keep_first = given.pop("first_per_pair", False)
+    return TableOptions(**given, keep_first_per_pair=keep_first)
 
 
 def _error(message: str) -> None:

@@ -69,3 +69,17 @@ def _problem(token: bytes) -> str:
     if token.strip(b"0") == b"":
         return f"{shown} is not positive (ids start at 1)"
     return f"{shown} has leading zeros (write ids as plain positive integers)"
+
+
+def looks_like_one_line(path: Path | str) -> bool:
+    """Whether the first line of `path` reads as a one-line-per-user record.
+
+    Used only to suggest ``--format one-line`` when a raw-source reader fails
+    on the first line, so it reads a bounded prefix and never raises.
+    """
+    try:
+        with open(path, "rb") as fh:
+            tokens = fh.readline(1 << 20).split()
+    except OSError:
+        return False
+    return len(tokens) >= 2 and all(t.isdigit() and t[0] != _ZERO for t in tokens)

@@ -1,4 +1,9 @@
-"""Raw file -> RecBole atomic files (``<name>.inter`` and ``<name>.stats.json``)."""
+"""Raw file -> RecBole atomic files.
+
+Writes ``<name>.inter``, ``<name>.stats.json`` and, for raw logs whose ids are
+re-mapped, ``<name>.idmap.json`` (the raw id behind every new id), all or
+nothing.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +12,27 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
+from . import procedure
 from .atomic import staged_output
-from .errors import StatsMismatchError
-from .raw import RawSource
-from .registry import DEFAULT_FORMAT, KNOWN_DATASETS, get_format, validate_name
+from .errors import RawFormatError, StatsMismatchError, UsageError
+from .one_line import looks_like_one_line
+from .raw import RawSequences, RawSource
+from .registry import (
+    KNOWN_DATASETS,
+    ONE_LINE,
+    TABLE,
+    default_format,
+    get_format,
+    validate_name,
+)
 from .stats import ExpectedStats, Stats, compute_stats
+from .tabular import TableOptions
 
 INTER_HEADER = "user_id:token\titem_id:token\ttimestamp:float\n"
-STATS_SCHEMA = 1
+STATS_SCHEMA = 2
+IDMAP_SCHEMA = 1
 
 
 @dataclass(frozen=True)
@@ -24,12 +40,15 @@ class ConversionResult:
     """What `convert` produced."""
 
     name: str
+    format: str
     stats: Stats
     expected: ExpectedStats | None
     mismatches: list[tuple[str, int, int]]
     source: RawSource
     inter_path: Path
     stats_path: Path
+    idmap_path: Path | None = None
+    details: dict[str, Any] | None = None
 
 
 def convert(
@@ -37,56 +56,122 @@ def convert(
     out_dir: Path | str,
     name: str,
     *,
-    fmt: str = DEFAULT_FORMAT,
+    fmt: str | None = None,
     expected: ExpectedStats | None = None,
     check: bool = True,
     show_progress: bool = True,
+    core: int | None = None,
+    table: TableOptions | None = None,
 ) -> ConversionResult:
-    """Convert `raw_path` into ``out_dir/name/name.inter`` and ``name.stats.json``.
+    """Convert `raw_path` into ``out_dir/name/name.inter`` and companions.
 
+    `fmt` defaults to the raw-source format of a known dataset and to
+    ``one-line`` for other names. Raw logs go through the S3-Rec procedure
+    with a `core`-core filter (default 5); `table` describes a CSV/TSV log.
     `expected` defaults to the registry's statistics when `name` is known.
     If they differ and `check` is true, `StatsMismatchError` is raised and
     nothing is written. Output is all-or-nothing and byte-identical on re-runs.
     """
     validate_name(name)
-    reader = get_format(fmt)
-    raw = reader.read(raw_path, show_progress=show_progress)
+    chosen = fmt if fmt is not None else default_format(name)
+    reader = get_format(chosen)
+    if core is not None and (isinstance(core, bool) or not isinstance(core, int) or core < 1):
+        # Checked before reading: a multi-GB log should not be read to fail on a flag.
+        raise UsageError(f"invalid core {core!r}: use an integer >= 1 (1 disables filtering)")
+    if not reader.raw_log and core is not None:
+        raise UsageError(f"--core applies to raw logs only: a {chosen} file is already filtered")
+    if table is not None and chosen != TABLE:
+        raise UsageError(
+            f"--user-col, --item-col, --time-col, --sep, --time-format and --first-per-pair "
+            f"apply to --format {TABLE} only (format here: {chosen})"
+        )
+    try:
+        raw = _read(reader, chosen, raw_path, show_progress, core, table)
+    except RawFormatError as exc:
+        known = KNOWN_DATASETS.get(name)
+        if fmt is None and known is not None and exc.line in (1, None):
+            if looks_like_one_line(raw_path):
+                raise RawFormatError(
+                    exc.path,
+                    exc.line,
+                    f"{exc.problem}. This looks like a one-line-per-user file "
+                    f"({known.one_line_file}): add --format one-line",
+                ) from None
+        raise
     stats = compute_stats(raw.sequences)
 
     if expected is None and name in KNOWN_DATASETS:
         expected = KNOWN_DATASETS[name].expected
     mismatches = stats.mismatches(expected) if expected is not None else []
     if mismatches and check:
-        raise StatsMismatchError(_mismatch_message(name, raw.source, mismatches), mismatches)
+        raise StatsMismatchError(
+            _mismatch_message(name, chosen, raw.source, mismatches), mismatches
+        )
 
     target = Path(out_dir) / name
     inter_path = target / f"{name}.inter"
     stats_path = target / f"{name}.stats.json"
+    idmap_path = target / f"{name}.idmap.json" if raw.id_map is not None else None
     with staged_output(target) as stage:
         inter_sha256 = write_inter(stage.open(inter_path.name), raw.sequences)
+        if raw.id_map is not None and idmap_path is not None:
+            idmap = {"schema": IDMAP_SCHEMA, "dataset": name, **raw.id_map.to_dict()}
+            stage.open(idmap_path.name).write(_json_bytes(idmap, indent=None))
+        else:
+            stage.remove(f"{name}.idmap.json")  # ids are not re-mapped: no map applies
         summary = {
             "schema": STATS_SCHEMA,
             "dataset": name,
-            "format": fmt,
+            "format": chosen,
             "source": raw.source.to_dict(),
             "inter_file": inter_path.name,
             "inter_sha256": inter_sha256,
+            "idmap_file": idmap_path.name if idmap_path is not None else None,
+            "preparation": raw.details or None,
             "stats": stats.to_dict(),
             "expected": expected.to_dict() if expected is not None else None,
             "matches_expected": None if expected is None else not mismatches,
         }
-        text = json.dumps(summary, indent=2, sort_keys=True) + "\n"
-        stage.open(stats_path.name).write(text.encode("utf-8"))
+        stage.open(stats_path.name).write(_json_bytes(summary, indent=2))
 
     return ConversionResult(
         name=name,
+        format=chosen,
         stats=stats,
         expected=expected,
         mismatches=mismatches,
         source=raw.source,
         inter_path=inter_path,
         stats_path=stats_path,
+        idmap_path=idmap_path,
+        details=raw.details or None,
     )
+
+
+def _read(
+    reader: Any,
+    fmt: str,
+    raw_path: Path | str,
+    show_progress: bool,
+    core: int | None,
+    table: TableOptions | None,
+) -> RawSequences:
+    if not reader.raw_log:
+        return reader.read(raw_path, show_progress=show_progress)
+    if fmt == TABLE:
+        options = table or TableOptions()
+        collector = reader.new_collector(options)
+        source = reader.read(raw_path, collector, show_progress=show_progress, options=options)
+    else:
+        collector = reader.new_collector()
+        source = reader.read(raw_path, collector, show_progress=show_progress)
+    k = procedure.DEFAULT_CORE if core is None else core
+    return procedure.prepare(collector, source, user_core=k, item_core=k)
+
+
+def _json_bytes(value: Any, *, indent: int | None) -> bytes:
+    # json's default ASCII escaping keeps raw ids of any script readable by any tool.
+    return (json.dumps(value, indent=indent, sort_keys=True) + "\n").encode("utf-8")
 
 
 def convert_one_line(
@@ -114,7 +199,13 @@ def write_inter(fh: BinaryIO, sequences: Sequence[tuple[str, Sequence[str]]]) ->
     """Write the .inter rows to `fh` and return the sha256 of what was written.
 
     Timestamps are a running counter over all rows, so sorting by time (stable
-    or not, per user or global) reproduces exactly the input order.
+    or not, per user or global) reproduces exactly the input order. Raw times
+    are not written, on purpose: the order of a sequence is decided here (stable
+    sort, ties in file order), and equal raw times would leave it to whoever
+    sorts next. RecBole 1.2.1 happens to sort stably (``np.argsort(kind=
+    "stable")``), but a counter does not depend on that, or on the file order
+    surviving every step before the sort. The raw times stay in the raw file,
+    and ``<name>.idmap.json`` maps the ids back to it.
     """
     digest = hashlib.sha256()
 
@@ -133,13 +224,19 @@ def write_inter(fh: BinaryIO, sequences: Sequence[tuple[str, Sequence[str]]]) ->
     return digest.hexdigest()
 
 
-def _mismatch_message(name: str, source: RawSource, mismatches: list[tuple[str, int, int]]) -> str:
+def _mismatch_message(
+    name: str, fmt: str, source: RawSource, mismatches: list[tuple[str, int, int]]
+) -> str:
     known = KNOWN_DATASETS.get(name)
     diffs = ", ".join(
         f"{field} {actual:,} (expected {want:,})" for field, actual, want in mismatches
     )
-    hint = f" (expected {known.raw_file})" if known is not None else ""
+    hint = note = ""
+    if known is not None:
+        wanted = known.one_line_file if fmt == ONE_LINE else known.raw_file
+        hint = f" (expected {wanted})"
+        note = f" Note: {known.note}." if known.note else ""
     return (
         f"{source.path.name} does not match the published statistics of {name}: {diffs}. "
-        f"The wrong raw file was probably given{hint}; nothing was written."
+        f"The wrong raw file was probably given{hint}; nothing was written.{note}"
     )

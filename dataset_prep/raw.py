@@ -1,30 +1,38 @@
 """Shared plumbing for raw-format readers.
 
-A reader turns one raw file into `RawSequences`: users in output order, each
-with its items in time order. `RawFile` gives readers numbered lines plus
-the file's size and sha256 (recorded in the .stats.json) and a progress bar.
+A reader turns one raw file into either `RawSequences` (users in output
+order, each with its items in time order: the one-line format, already
+processed) or, for raw logs, rows fed to a `procedure.Collector`. `RawFile`
+gives readers numbered lines, transparently gunzipped, plus the file's size
+and sha256 (recorded in the .stats.json) and a progress bar.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import os
+import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
-from .errors import RawInputError
+from .errors import RawFormatError, RawInputError
 
 # Small files convert in well under a second; a bar there is only noise.
 PROGRESS_MIN_BYTES = 1 << 20
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZIP_MAGIC = b"PK\x03\x04"
+_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
 class RawSource:
-    """Identity of a raw input file."""
+    """Identity of a raw input file (its bytes as stored, compressed or not)."""
 
     path: Path
     size: int
@@ -36,21 +44,64 @@ class RawSource:
 
 
 @dataclass(frozen=True)
+class IdMap:
+    """Raw ids behind re-mapped ids: ``users[k]`` is the raw id of user ``k + 1``."""
+
+    users: list[str]
+    items: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"user": self.users, "item": self.items}
+
+
+@dataclass(frozen=True)
 class RawSequences:
-    """Parsed raw data: (user token, item tokens in time order), in output order.
+    """Parsed data: (user token, item tokens in time order), in output order.
 
     Tokens must be non-empty and free of whitespace; they are written verbatim.
+    `id_map` is set when the tokens are re-mapped ids (raw logs), and
+    `details` holds what the preparation did (rows read, skipped, filtered).
     """
 
     source: RawSource
     sequences: list[tuple[str, list[str]]]
+    id_map: IdMap | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class _Tap(io.RawIOBase):
+    """A read-only view of a file that hashes, counts and reports every byte read.
+
+    Sitting below the gzip decoder, it measures the stored (compressed) bytes,
+    which is what the sha256 and the progress bar should describe.
+    """
+
+    def __init__(self, fh: BinaryIO, digest: Any, bar: tqdm) -> None:
+        super().__init__()
+        self._fh = fh
+        self._digest = digest
+        self._bar = bar
+        self.size = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self._fh.readinto(buffer)
+        if n:
+            self._digest.update(memoryview(buffer)[:n])
+            self.size += n
+            self._bar.update(n)
+        return n or 0
 
 
 class RawFile:
     """A raw file read as numbered byte lines, hashed on the way.
 
-    Use as a context manager so the file and the progress bar are closed even
-    when a reader stops at a malformed line::
+    Gzip files are decompressed on the fly whatever their name, so a
+    ``.json.gz`` need not be unpacked first. Use as a context manager so the
+    file and the progress bar are closed even when a reader stops at a
+    malformed line::
 
         with RawFile(path, show_progress=True) as raw:
             for number, line in raw:
@@ -61,21 +112,32 @@ class RawFile:
     def __init__(self, path: Path | str, *, show_progress: bool = True) -> None:
         self.path = Path(path)
         self.show_progress = show_progress
+        self.compressed = False
         self._digest = hashlib.sha256()
-        self._size = 0
         self._done = False
         self._fh: BinaryIO | None = None
+        self._tap: _Tap | None = None
+        self._lines: BinaryIO | None = None
         self._bar: tqdm | None = None
 
     def __enter__(self) -> RawFile:
         try:
-            self._fh = open(self.path, "rb")
+            self._fh = open(self.path, "rb", buffering=0)
         except FileNotFoundError:
             raise RawInputError(f"raw file not found: {self.path}") from None
         except IsADirectoryError:
             raise RawInputError(f"raw path is a directory, not a file: {self.path}") from None
         except OSError as exc:
             raise RawInputError(f"cannot read raw file {self.path}: {exc.strerror}") from None
+        try:
+            self._open_layers()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _open_layers(self) -> None:
+        assert self._fh is not None
         total = os.fstat(self._fh.fileno()).st_size
         self._bar = tqdm(
             total=total,
@@ -85,7 +147,22 @@ class RawFile:
             disable=not self.show_progress or total < PROGRESS_MIN_BYTES,
             leave=False,
         )
-        return self
+        self._tap = _Tap(self._fh, self._digest, self._bar)
+        buffered = io.BufferedReader(self._tap, _CHUNK)
+        try:
+            magic = buffered.peek(4)[:4]
+        except OSError as exc:
+            raise RawInputError(f"cannot read raw file {self.path}: {exc.strerror}") from None
+        if magic == _ZIP_MAGIC:
+            raise RawInputError(
+                f"{self.path} is a zip archive: extract it and give the data file inside "
+                "with --raw (see --list for the file each dataset needs)"
+            )
+        if magic[:2] == _GZIP_MAGIC:
+            self.compressed = True
+            self._lines = gzip.GzipFile(fileobj=buffered, mode="rb")
+        else:
+            self._lines = buffered
 
     def __exit__(self, *exc_info: object) -> None:
         if self._bar is not None:
@@ -95,15 +172,29 @@ class RawFile:
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
         """Yield (1-based line number, line bytes including the newline)."""
-        if self._fh is None or self._bar is None:
+        if self._lines is None or self._tap is None:
             raise RuntimeError("iterate a RawFile inside its `with` block")
         number = 0
         try:
-            for number, line in enumerate(self._fh, start=1):
-                self._digest.update(line)
-                self._size += len(line)
-                self._bar.update(len(line))
+            for number, line in enumerate(self._lines, start=1):
                 yield number, line
+            # Read what no line consumed (gzip trailer, trailing bytes) so the
+            # hash and size cover the whole file.
+            while self._tap.read(_CHUNK):
+                pass
+        except EOFError:
+            raise RawFormatError(
+                self.path,
+                number + 1,
+                "the gzip data ends abruptly: the file is truncated (an interrupted "
+                "download?); download it again",
+            ) from None
+        except (gzip.BadGzipFile, zlib.error) as exc:
+            raise RawFormatError(
+                self.path,
+                number + 1,
+                f"the gzip data is corrupt ({exc}); download the file again",
+            ) from None
         except OSError as exc:
             raise RawInputError(
                 f"cannot read raw file {self.path} after line {number}: {exc.strerror}"
@@ -113,14 +204,16 @@ class RawFile:
     @property
     def source(self) -> RawSource:
         """Size and hash of the file; only valid once every line was read."""
-        if not self._done:
+        if not self._done or self._tap is None:
             raise RuntimeError("RawFile.source read before the whole file was read")
-        return RawSource(path=self.path, size=self._size, sha256=self._digest.hexdigest())
+        return RawSource(path=self.path, size=self._tap.size, sha256=self._digest.hexdigest())
 
 
-def show_token(token: bytes, limit: int = 40) -> str:
+def show_token(token: bytes | str, limit: int = 40) -> str:
     """A raw token quoted for an error message, shortened and made printable."""
-    text = token.decode("utf-8", errors="backslashreplace")
+    if isinstance(token, bytes):
+        token = token.decode("utf-8", errors="backslashreplace")
+    text = token
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return repr(text)

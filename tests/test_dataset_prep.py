@@ -271,8 +271,8 @@ def test_invalid_names_rejected(tmp_path, name):
 
 
 def test_unknown_format_rejected(tmp_path):
-    with pytest.raises(UsageError, match="unknown raw format 'csv'.*one-line"):
-        convert(write_raw(tmp_path, "1 2\n"), tmp_path / "out", "x", fmt="csv")
+    with pytest.raises(UsageError, match="unknown raw format 'xml'.*one-line"):
+        convert(write_raw(tmp_path, "1 2\n"), tmp_path / "out", "x", fmt="xml")
 
 
 # --- statistics checks -------------------------------------------------------
@@ -292,7 +292,9 @@ def test_known_name_with_wrong_statistics_fails_and_writes_nothing(tmp_path):
 
 def test_no_check_writes_and_records_mismatch(tmp_path):
     raw = write_raw(tmp_path, "1 1 2 3\n2 2 3\n")
-    result = convert(raw, tmp_path / "out", "lastfm", check=False, show_progress=False)
+    result = convert(
+        raw, tmp_path / "out", "lastfm", fmt="one-line", check=False, show_progress=False
+    )
     assert [m[0] for m in result.mismatches] == ["users", "items", "interactions"]
     summary = json.loads(result.stats_path.read_text())
     assert summary["matches_expected"] is False
@@ -367,24 +369,48 @@ def test_registry_matches_published_statistics():
         "ml-1m": ("ml-1m.txt", 6_040, 3_416, 999_611),
     }
     got = {
-        name: (d.raw_file, d.expected.users, d.expected.items, d.expected.interactions)
+        name: (d.one_line_file, d.expected.users, d.expected.items, d.expected.interactions)
         for name, d in KNOWN_DATASETS.items()
     }
     assert got == table
+    raw_sources = {
+        "amazon-beauty": ("reviews_Beauty_5.json.gz", "amazon-2014"),
+        "amazon-sports-outdoors": ("reviews_Sports_and_Outdoors_5.json.gz", "amazon-2014"),
+        "amazon-toys-games": ("reviews_Toys_and_Games_5.json.gz", "amazon-2014"),
+        "yelp": ("yelp_academic_dataset_review.json", "yelp"),
+        "lastfm": ("user_taggedartists-timestamps.dat", "lastfm-hetrec"),
+        "ml-1m": ("ratings.dat", "movielens-dat"),
+    }
+    assert {n: (d.raw_file, d.format) for n, d in KNOWN_DATASETS.items()} == raw_sources
     assert all(d.format in dataset_prep.FORMATS for d in KNOWN_DATASETS.values())
     with pytest.raises(TypeError):
         KNOWN_DATASETS["new"] = None  # read-only: add entries in registry.py
 
 
 def test_prepare_command():
-    assert (
-        prepare_command("amazon-beauty", "dataset")
-        == "python -m dataset_prep amazon-beauty --raw <path to Beauty.txt> --out dataset"
+    assert prepare_command("amazon-beauty", "dataset", alternative=False) == (
+        "python -m dataset_prep amazon-beauty --raw <path to reviews_Beauty_5.json.gz> "
+        "--out dataset"
+    )
+    first, second = prepare_command("amazon-beauty", "dataset").split("\n")
+    assert first == prepare_command("amazon-beauty", "dataset", alternative=False)
+    assert second.endswith(
+        "python -m dataset_prep amazon-beauty --raw <path to Beauty.txt> --out dataset "
+        "--format one-line"
     )
     assert (
-        prepare_command("lastfm", Path("my data"), raw_path="raw files/LastFM.txt")
-        == "python -m dataset_prep lastfm --raw 'raw files/LastFM.txt' --out 'my data'"
+        prepare_command("lastfm", Path("my data"), raw_path="raw files/LastFM.txt", fmt="one-line")
+        == "python -m dataset_prep lastfm --raw 'raw files/LastFM.txt' --out 'my data' "
+        "--format one-line"
     )
+    assert prepare_command("ml-1m", "d", raw_path="ratings.dat") == (
+        "python -m dataset_prep ml-1m --raw ratings.dat --out d"
+    )
+    assert prepare_command("mine", "d", fmt="csv") == (
+        "python -m dataset_prep mine --raw <path to CSV/TSV log> --out d --format csv"
+    )
+    with pytest.raises(UsageError, match="unknown raw format"):
+        prepare_command("mine", "d", fmt="xml")
     assert prepare_command("custom", "d").startswith("python -m dataset_prep custom --raw <")
     with pytest.raises(UsageError):
         prepare_command("../evil", "d")
@@ -400,7 +426,9 @@ def test_cli_list():
         row = next(line for line in result.stdout.splitlines() if line.startswith(name + " "))
         assert d.raw_file in row
         assert f"{d.expected.users:,}" in row and f"{d.expected.interactions:,}" in row
+        assert d.one_line_file in result.stdout and d.source in result.stdout
     assert "padding id" in result.stdout
+    assert "6,041 users / 3,417 items" in result.stdout  # the BSARec table's ML-1M counts
     assert "github.com/RUCAIBox/CIKM2020-S3Rec" in result.stdout
 
 
@@ -428,13 +456,16 @@ def test_cli_bad_input_exit_code_and_message(tmp_path):
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["toy", "--raw", "RAW", "--out", "OUT", "--format", "csv"], "invalid choice: 'csv'"),
+        (["toy", "--raw", "RAW", "--out", "OUT", "--format", "xml"], "invalid choice: 'xml'"),
         (["toy", "--out", "OUT"], "missing --raw"),
         (["--raw", "RAW", "--out", "OUT"], "missing NAME"),
         (["--list", "toy"], "--list takes no other arguments"),
         (["../x", "--raw", "RAW", "--out", "OUT"], "invalid dataset name"),
         (["toy", "--raw", "MISSING", "--out", "OUT"], "raw file not found"),
-        (["lastfm", "--raw", "RAW", "--out", "OUT"], "--no-check"),
+        (["lastfm", "--raw", "RAW", "--out", "OUT", "--format", "one-line"], "--no-check"),
+        (["lastfm", "--raw", "RAW", "--out", "OUT"], "add --format one-line"),
+        (["toy", "--raw", "RAW", "--out", "OUT", "--core", "3"], "--core applies to raw logs"),
+        (["toy", "--raw", "RAW", "--out", "OUT", "--user-col", "u"], "apply to --format csv"),
     ],
 )
 def test_cli_usage_errors(tmp_path, capsys, args, fragment):
@@ -452,7 +483,8 @@ def test_cli_no_check_and_progress_bar(tmp_path, capsys):
     lines = [f"{u} " + " ".join(str(u % 97 + k) for k in range(1, 21)) for u in range(1, 20001)]
     raw = write_raw(tmp_path, "\n".join(lines) + "\n")
     assert raw.stat().st_size > 1 << 20
-    assert main(["lastfm", "--raw", str(raw), "--out", str(tmp_path / "out"), "--no-check"]) == 0
+    args = ["--raw", str(raw), "--out", str(tmp_path / "out"), "--format", "one-line"]
+    assert main(["lastfm", *args, "--no-check"]) == 0
     captured = capsys.readouterr()
     assert "MISMATCH" in captured.out and "warning" in captured.err
     assert "reading raw.txt" in captured.err
@@ -477,7 +509,7 @@ def test_cli_no_check_and_progress_bar(tmp_path, capsys):
     ("name", "file"), [("amazon-beauty", "Beauty.txt"), ("lastfm", "LastFM.txt")]
 )
 def test_published_files_match_expected_statistics(tmp_path, name, file):
-    result = convert(SHARED_S3REC / file, tmp_path, name, show_progress=False)
+    result = convert(SHARED_S3REC / file, tmp_path, name, fmt="one-line", show_progress=False)
     expected = KNOWN_DATASETS[name].expected
     assert result.mismatches == []
     assert (result.stats.users, result.stats.items, result.stats.interactions) == (

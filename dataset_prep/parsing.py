@@ -1,0 +1,27 @@
+"""Small field parsers shared by the raw-log readers."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .errors import RawFormatError
+
+# ASCII only: str.isdigit() also accepts characters such as '³' that int() rejects.
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
+def parse_int(text: str) -> int | None:
+    """`text` as an integer if it is one written in ASCII digits, else None."""
+    text = text.strip()
+    return int(text) if _INTEGER.fullmatch(text) else None
+
+
+def decode_line(path: Path, number: int, line: bytes) -> str:
+    """The line as text without its line ending; a `RawFormatError` if not UTF-8."""
+    try:
+        return line.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as exc:
+        raise RawFormatError(
+            path, number, f"not valid UTF-8 text (byte {exc.start + 1} of the line)"
+        ) from None
