@@ -44,23 +44,30 @@ class TransformerRecommender(SequentialRecommender):
 
     token_mixer = "self_attention"
     bidirectional = False
+    loss_types: tuple[str, ...] = LOSS_TYPES
+    extra_item_tokens = 0  # ids after the catalogue, e.g. BERT4Rec's [mask]
+    needs_sampled_negatives = True  # non-CE losses read train_neg_sample_args' negatives
 
     def __init__(self, config, dataset):
         super().__init__(config, dataset)
         self.hidden_size = config["hidden_size"]
         self.initializer_range = config_value(config, "initializer_range", 0.02)
         self.loss_type = config_value(config, "loss_type", "CE")
-        if self.loss_type not in LOSS_TYPES:
+        if self.loss_type not in self.loss_types:
             raise ValueError(
-                f"loss_type={self.loss_type!r} is unknown; choose from {list(LOSS_TYPES)}"
+                f"loss_type={self.loss_type!r} is unknown; choose from {list(self.loss_types)}"
             )
-        if self.loss_type == "BPR" and config["train_neg_sample_args"]["distribution"] == "none":
+        if (
+            self.loss_type != "CE"
+            and self.needs_sampled_negatives
+            and config["train_neg_sample_args"]["distribution"] == "none"
+        ):
             raise ValueError(
-                "loss_type='BPR' needs sampled negatives: set "
+                f"loss_type={self.loss_type!r} needs sampled negatives: set "
                 "train_neg_sample_args: {distribution: uniform, sample_num: 1}"
             )
         self.embedding = SequenceEmbedding(
-            self.n_items,
+            self.n_items + self.extra_item_tokens,
             self.max_seq_length,
             self.hidden_size,
             config["hidden_dropout_prob"],
@@ -68,7 +75,11 @@ class TransformerRecommender(SequentialRecommender):
         )
         self.encoder = build_encoder(**self.encoder_settings(config))
         self.loss_fct = nn.CrossEntropyLoss() if self.loss_type == "CE" else BPRLoss()
+        self.build_head(config)
         self.apply(lambda module: init_weights(module, self.initializer_range))
+
+    def build_head(self, config) -> None:
+        """Output layers beyond the item embedding (none by default)."""
 
     def encoder_settings(self, config) -> dict:
         operator = config_value(config, "attention_operator", "softmax")
