@@ -19,6 +19,7 @@ from recbole.utils import get_trainer, init_logger, init_seed
 
 from recbole_freq.config import FreqConfig, UnknownModelError, get_model_class
 from recbole_freq.data import DatasetNotPreparedError, check_prepared
+from recbole_freq.noise import corrupt_training_data
 
 DEFAULT_MODEL = "BSARec"
 DEFAULT_DATASET = "ml-100k"
@@ -85,6 +86,7 @@ def run(
     recbole_dataset = create_dataset(config)
     logger.info(recbole_dataset)
     train_data, valid_data, test_data = data_preparation(config, recbole_dataset)
+    noise = corrupt_training_data(config, train_data, valid_data, test_data)
 
     init_seed(config["seed"] + config["local_rank"], config["reproducibility"])
     model_instance = get_model_class(config["model"])(config, train_data._dataset).to(
@@ -120,6 +122,11 @@ def run(
         "history": recorder.epochs,
         "config": {key: _jsonable(config[key]) for key in config.final_config_dict},
     }
+    if noise:
+        summary["noise"] = noise
+    # Optional model hook: what a model wants kept with the run (e.g. learned masks).
+    if callable(getattr(model_instance, "run_summary", None)):
+        summary["model_report"] = model_instance.run_summary()
     if saved:
         summary_file = Path(trainer.saved_model_file).with_suffix(".json")
         summary["summary_file"] = str(summary_file)

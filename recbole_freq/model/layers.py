@@ -476,3 +476,669 @@ def init_weights(module: nn.Module, initializer_range: float) -> None:
         module.weight.data.fill_(1.0)
     if isinstance(module, nn.Linear) and module.bias is not None:
         module.bias.data.zero_()
+
+
+# --- PolyRec (Ji et al., "PolyRec: Polynomial Attention for Enhanced Sequential
+# Recommendation"): Chebyshev polynomial attention (eq. 10-12) as an attention operator
+# and the truncated residual connection (eq. 13) as a residual path.
+
+
+def _integer_option(value, name: str, minimum: int, hint: str) -> int:
+    """``value`` as an int >= minimum (RecBole may hand over 3.0 or "3"), else ValueError."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    finite = number == number and abs(number) != float("inf")
+    if isinstance(value, bool) or not finite or number != int(number) or number < minimum:
+        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}; {hint}")
+    return int(number)
+
+
+def chebyshev_terms(matrix: torch.Tensor, values: torch.Tensor, order: int):
+    """Yield ``T_k(A) V`` for ``k = 0..order`` by the Chebyshev recursion on the values.
+
+    ``Y_0 = V``, ``Y_1 = A V``, ``Y_{k+1} = 2 A Y_k - Y_{k-1}`` (PolyRec eq. 12 with
+    ``T_{k+1}(A) = 2 A T_k(A) - T_{k-1}(A)`` applied to V): each order costs one
+    ``(L x L) @ (L x d)`` product; no matrix power or ``T_k(A)`` is ever formed.
+    ``matrix`` is ``(..., L, L)``, ``values`` ``(..., L, d)`` with the same leading dims.
+    """
+    yield values
+    if order < 1:
+        return
+    shape = values.shape
+    # Flattened to 3-D so that baddbmm computes 2 A Y_k - Y_{k-1} in one kernel.
+    matrix = matrix.reshape(-1, *matrix.shape[-2:])
+    previous = values.reshape(-1, *shape[-2:])
+    current = torch.bmm(matrix, previous)
+    yield current.view(shape)
+    for _ in range(order - 1):
+        previous, current = current, torch.baddbmm(previous, matrix, current, beta=-1, alpha=2)
+        yield current.view(shape)
+
+
+class ChebyshevAttention(nn.Module):
+    """Polynomial attention operator, PolyRec eq. 10-12: ``H V = sum_k w_k T_k(A) V``.
+
+    ``A`` is the causal, row-stochastic softmax attention matrix of eq. 3 (per head) and
+    ``T_k`` the Chebyshev polynomials (``T_0 = I``, ``T_1 = A``), evaluated by the
+    recursion on the value vectors in ``chebyshev_terms`` (eq. 12).  ``order`` is K;
+    ``order = 0`` leaves ``w_0 V`` (no token mixing).
+
+    Coefficients: ``order + 1`` learnable weights per layer, or per head with
+    ``per_head`` (the paper does not say; heads see different ``A`` and may want
+    different filters).  Initialisation ``w = (0, 1, 0, ..., 0)``: since ``T_1(A) = A``
+    the operator starts as exactly the softmax attention that PolyRec extends, so
+    training starts from the working baseline, higher orders grow only where the loss
+    rewards them, and the learned magnitudes (``start_recording``) show what training
+    wanted from each order instead of echoing an arbitrary initial mix.
+
+    Attention dropout drops entries of ``A`` and renormalises each row to sum 1, instead
+    of the inverted dropout of the softmax operator: the eigenvalues of the triangular
+    ``A`` are its diagonal entries, which inverted dropout scales to ``1 / (1 - p)`` (2
+    at p = 0.5), outside [-1, 1] where Chebyshev polynomials are bounded (``T_3(2) =
+    26``).  Renormalised, ``A`` stays row-stochastic and every ``T_k(A)`` keeps unit row
+    sums.  The dropped keys are masked before the softmax, which renormalises over the
+    kept ones for free; a row that would lose all its keys keeps them (an empty row
+    would give NaN, and 0 * NaN in the next product spreads it to every row).
+    Without dropout (evaluation) nothing changes.
+    """
+
+    def __init__(self, dropout_prob: float, order: int = 3, n_heads: int = 1, per_head=False):
+        super().__init__()
+        if not 0.0 <= dropout_prob < 1.0:
+            raise ValueError(f"attn_dropout_prob={dropout_prob} must lie in [0, 1)")
+        self.order = _integer_option(
+            order, "poly_order", 0, "it is the Chebyshev order K of PolyRec eq. 12, e.g. 3"
+        )
+        self.dropout_prob = dropout_prob
+        initial = torch.zeros(n_heads if per_head else 1, self.order + 1)
+        initial[:, min(self.order, 1)] = 1.0  # w = (0, 1, 0, ...): plain attention
+        self.coefficients = nn.Parameter(initial)
+        self._recorded: torch.Tensor | None = None
+        self._recorded_tokens = 0
+
+    def forward(self, query, key, value, mask):
+        weights = self.coefficients.view(1, -1, self.order + 1, 1, 1)
+        if self.order == 0:
+            terms = iter([value])
+        else:
+            if self.training and self.dropout_prob > 0:
+                draws = torch.rand(*query.shape[:-1], key.size(-2), device=query.device)
+                kept = mask & (draws >= self.dropout_prob)
+                attend = torch.where(kept.any(dim=-1, keepdim=True), kept, mask)
+            else:
+                attend = mask
+            probs = attention_probabilities(query, key, attend)
+            terms = chebyshev_terms(probs, value, self.order)
+        output = 0
+        for k, term in enumerate(terms):
+            contribution = weights[:, :, k] * term
+            output = output + contribution
+            if self._recorded is not None:
+                self._record(k, contribution, mask)
+        return output
+
+    def start_recording(self) -> None:
+        """Accumulate, over the following forward passes, the mean norm of each order's
+        contribution ``w_k T_k(A) V`` per real token (all heads' values concatenated)."""
+        self._recorded = torch.zeros(self.order + 1, dtype=torch.float64)
+        self._recorded_tokens = 0
+
+    def stop_recording(self) -> torch.Tensor:
+        """Mean contribution norm per order since ``start_recording``; stops recording."""
+        if self._recorded is None:
+            raise RuntimeError("stop_recording() called without start_recording()")
+        result = self._recorded / max(self._recorded_tokens, 1)
+        self._recorded, self._recorded_tokens = None, 0
+        return result.float()
+
+    def _record(self, k: int, contribution: torch.Tensor, mask: torch.Tensor) -> None:
+        # A query position holds an item exactly when it may attend to itself (a
+        # key-only mask, as in bidirectional attention, marks the items directly).
+        if mask.size(-2) == 1:
+            real = mask[:, 0, 0].expand(contribution.size(0), -1)
+        else:
+            real = mask[:, 0].diagonal(dim1=-2, dim2=-1)
+        norms = contribution.detach().square().sum(dim=(1, 3)).sqrt()  # (batch, seq_len)
+        self._recorded[k] += norms[real].sum().item()
+        if k == 0:
+            self._recorded_tokens += int(real.sum())
+
+    def extra_repr(self) -> str:
+        heads = self.coefficients.size(0)
+        return f"order={self.order}, coefficient_sets={heads}, dropout={self.dropout_prob}"
+
+
+class TruncatedResidual(nn.Module):
+    """Truncated residual connection, PolyRec eq. 13:
+    ``x_{i+1} = alpha f(x_i) + (1 - alpha) IFFT(F_C(x_i) * K)``.
+
+    ``F_C`` keeps the lowest ``bins`` (the paper's C) bins of the orthonormal real FFT
+    along the sequence, ``K`` is a learnable complex filter on those bins (one value per
+    bin and hidden dimension), and the inverse FFT returns to the sequence with every
+    other bin zero.  Reading: eq. 13 is the residual ``x + f(x)`` with its identity skip
+    ``x`` replaced by the truncated skip and the two branches weighted by ``alpha``;
+    like every sub-layer of the core it is closed by dropout on ``f`` and LayerNorm:
+    ``LayerNorm(alpha Dropout(f(x)) + (1 - alpha) IFFT(F_C(x) K))``.
+
+    ``K`` starts at 1 + 0i, so the skip starts as the exact low-pass projection of ``x``
+    (what the identity skip keeps after truncation) and learns per-bin gains and phases
+    from there; the paper gives no initialisation.
+
+    Like BSARec's filter the skip mixes all positions of the (right-padded) input, later
+    ones included; RecBole trains on prefixes whose target is never in the input, so no
+    target leaks into a prediction.
+    """
+
+    def __init__(self, hidden_size, max_seq_length, dropout_prob, layer_norm_eps, alpha, bins):
+        super().__init__()
+        alpha, bins = _truncated_residual_options(alpha, bins, max_seq_length)
+        self.alpha = alpha
+        self.bins = bins
+        self.dropout = Dropout(dropout_prob)
+        self.layer_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        gain = torch.zeros(bins, hidden_size, 2)
+        gain[..., 0] = 1.0  # K = 1 + 0i (real and imaginary parts stored as a pair)
+        self.spectral_filter = nn.Parameter(gain)
+        analysis, synthesis = truncated_dft_bases(max_seq_length, bins)
+        self.register_buffer("analysis", analysis, persistent=False)
+        self.register_buffer("synthesis", synthesis, persistent=False)
+
+    def truncated_skip(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``IFFT(F_C(x) * K)`` along the sequence axis (dim 1).
+
+        Computed with the C-bin real DFT bases of ``truncated_dft_bases``: the same
+        numbers as ``irfft(rfft(x, norm="ortho")[:C] * K)`` (the tests compare them),
+        about 3.5x faster than two full FFTs on the CPU because C is small.
+        """
+        bases = self.analysis, self.synthesis
+        if bases[0].size(1) != hidden.size(1):
+            if hidden.size(1) // 2 + 1 < self.bins:
+                raise ValueError(
+                    f"trc_c={self.bins} is larger than the spectrum of a length-"
+                    f"{hidden.size(1)} sequence ({hidden.size(1) // 2 + 1} rfft bins)"
+                )
+            bases = truncated_dft_bases(hidden.size(1), self.bins)
+        # Kept in float64 so that the bases are exact in every working precision.
+        analysis, synthesis = (basis.to(hidden) for basis in bases)
+        spectrum = torch.einsum("cl,bld->bcd", analysis, hidden)
+        real, imag = spectrum[:, : self.bins], spectrum[:, self.bins :]
+        gain_real, gain_imag = self.spectral_filter.unbind(-1)
+        filtered = torch.cat(
+            [real * gain_real - imag * gain_imag, real * gain_imag + imag * gain_real], dim=1
+        )
+        return torch.einsum("lc,bcd->bld", synthesis, filtered)
+
+    def forward(self, sublayer_output: torch.Tensor, sublayer_input: torch.Tensor) -> torch.Tensor:
+        mixed = self.alpha * self.dropout(sublayer_output)
+        return self.layer_norm(mixed + (1.0 - self.alpha) * self.truncated_skip(sublayer_input))
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}, bins={self.bins}"
+
+
+def truncated_dft_bases(seq_len: int, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Real matrices of the lowest ``bins`` bins of the orthonormal real DFT (float64).
+
+    ``analysis`` (2 bins x L): its rows give the real, then the imaginary parts of
+    ``rfft(x, norm="ortho")[:bins]``.  ``synthesis`` (L x 2 bins): ``irfft(.., n=L,
+    norm="ortho")`` of a spectrum that is zero above ``bins``; bins other than 0 and
+    L / 2 count twice (they stand for their mirror frequencies too), and the imaginary
+    parts of those two are ignored (their sine rows vanish), as in ``irfft``.
+    """
+    positions = torch.arange(seq_len, dtype=torch.float64)
+    frequencies = torch.arange(bins, dtype=torch.float64)
+    angle = 2 * torch.pi * torch.outer(frequencies, positions) / seq_len
+    real, imag = torch.cos(angle) / seq_len**0.5, -torch.sin(angle) / seq_len**0.5
+    weight = torch.full((bins, 1), 2.0, dtype=torch.float64)
+    weight[0] = 1.0
+    if seq_len % 2 == 0 and bins == seq_len // 2 + 1:
+        weight[-1] = 1.0  # the Nyquist bin has no mirror
+    analysis = torch.cat([real, imag])
+    synthesis = torch.cat([real * weight, imag * weight]).t()
+    return analysis, synthesis.contiguous()
+
+
+def _truncated_residual_options(alpha, bins, max_seq_length):
+    try:
+        alpha = float(alpha)
+    except (TypeError, ValueError):
+        alpha = float("nan")
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(
+            f"trc_alpha={alpha} must lie in [0, 1] (PolyRec eq. 13: weight of the sub-layer "
+            "against the truncated skip; the paper finds 0.5-0.7 best)"
+        )
+    n_bins = max_seq_length // 2 + 1
+    hint = (
+        f"MAX_ITEM_LIST_LENGTH={max_seq_length} has {n_bins} rfft bins; "
+        f"choose 1 <= trc_c <= {n_bins}"
+    )
+    bins = _integer_option(bins, "trc_c", 1, hint)
+    if bins > n_bins:
+        raise ValueError(f"trc_c={bins} is larger than the spectrum: {hint}")
+    return alpha, bins
+
+
+TRUNCATABLE_SUBLAYERS = ("attention", "filter", "feed_forward")
+
+
+def _sublayer_names(value) -> tuple[str, ...]:
+    # Accepts a list (yaml) or a string such as "attention,feed_forward" (command line).
+    if isinstance(value, str):
+        value = [part.strip(" '\"") for part in value.strip("[]()").split(",")]
+    names = tuple(name for name in value if name)
+    unknown = [name for name in names if name not in TRUNCATABLE_SUBLAYERS]
+    if unknown:
+        raise ValueError(
+            f"trc_sublayers={list(names)} names unknown sub-layers {unknown}; "
+            f"choose from {list(TRUNCATABLE_SUBLAYERS)}"
+        )
+    return names
+
+
+def _fourier_truncated_residual(ctx, trc_alpha=0.5, trc_c=3, trc_sublayers=("attention",)):
+    """The truncated residual on the sub-layers named in ``trc_sublayers`` (default the
+    attention sub-layer, whose token mixing is what eq. 13 filters), the standard
+    residual on the others."""
+    alpha, bins = _truncated_residual_options(trc_alpha, trc_c, ctx.max_seq_length)
+    if ctx.sublayer not in _sublayer_names(trc_sublayers):
+        return StandardResidual(ctx.hidden_size, ctx.hidden_dropout_prob, ctx.layer_norm_eps)
+    return TruncatedResidual(
+        ctx.hidden_size,
+        ctx.max_seq_length,
+        ctx.hidden_dropout_prob,
+        ctx.layer_norm_eps,
+        alpha,
+        bins,
+    )
+
+
+ATTENTION_OPERATORS["chebyshev"] = Component(
+    lambda ctx, poly_order=3, poly_per_head=False: ChebyshevAttention(
+        ctx.attn_dropout_prob, poly_order, ctx.n_heads, bool(poly_per_head)
+    ),
+    ("poly_order", "poly_per_head"),
+)
+RESIDUAL_PATHS["fourier_truncated"] = Component(
+    _fourier_truncated_residual, ("trc_alpha", "trc_c", "trc_sublayers")
+)
+
+
+# --- Rec-Denoiser (Chen et al., "Denoising Self-Attentive Sequential Recommendation",
+# RecSys 2022, section 4): trainable binary masks on the attention probabilities (eq. 5)
+# as an attention operator, learned with the unbiased ARM / AR estimators (eq. 10-11)
+# under the sparsity penalty (eq. 8); the Jacobian regulariser of the Transformer blocks
+# (eq. 12); and ``DenoisingObjective``, which puts them together (eq. 13) around any
+# model's forward pass.
+
+MASK_ESTIMATORS = ("ARM", "AR")
+MASK_SAMPLING = ("batch", "sequence")
+
+
+def _denoise_non_negative(value, name: str, hint: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if isinstance(value, bool) or not number >= 0.0 or number == float("inf"):
+        raise ValueError(f"{name}={value!r} must be a finite number >= 0; {hint}")
+    return number
+
+
+def _denoise_estimator(value) -> str:
+    name = str(value).upper() if isinstance(value, str) else value
+    if name not in MASK_ESTIMATORS:
+        raise ValueError(
+            f"estimator={value!r} is unknown; choose 'ARM' (Rec-Denoiser eq. 10: two "
+            "antithetic forward passes, low variance) or 'AR' (eq. 11: one pass)"
+        )
+    return name
+
+
+def mask_alignment_index(mask: torch.Tensor) -> torch.Tensor:
+    """``(batch, seq_len)``: the row (and column) of the ``n x n`` mask parameters that
+    each position of each sequence uses.
+
+    Rec-Denoiser's ``Phi`` is indexed as in the authors' left-padded layout, where row
+    ``n - 1`` is always the most recent item (the query that predicts the next one) and
+    column ``n - 1 - k`` the k-th item before it.  RecBole right-pads, so a sequence of
+    ``len`` items is shifted by ``n - len``; padding positions (never attended to, never
+    scored) reuse index ``n - 1``.  The lengths are read off the boolean attention mask:
+    its last query row allows exactly the real keys.
+    """
+    seq_len = mask.size(-1)
+    lengths = mask[:, 0, -1, :].sum(-1)
+    positions = torch.arange(seq_len, device=mask.device)
+    return (positions + (seq_len - lengths)[:, None]).clamp(max=seq_len - 1)
+
+
+def align_masks(canonical: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Per-sequence view ``(batch, heads, n, n)`` of ``(heads, n, n)`` mask values laid out
+    as in ``mask_alignment_index`` (a gather; its gradient scatters back)."""
+    return canonical[:, index[:, :, None], index[:, None, :]].transpose(0, 1)
+
+
+class DenoisingMaskAttention(nn.Module):
+    """Attention with Rec-Denoiser's differentiable masks, eq. 5: ``M = A * Z``, ``M V``.
+
+    ``A`` is the softmax attention (restricted to the causal / padding mask) and ``Z`` a
+    binary mask with ``Z ~ Bernoulli(sigmoid(Phi))`` (eq. 8-9); ``Phi`` is one ``n x n``
+    parameter per layer (``mask_per_head=False``, the paper) or per head, indexed as in
+    ``mask_alignment_index``.  ``M`` is not renormalised (eq. 5); attention dropout acts
+    on ``M``.
+
+    - Training: ``Z`` is drawn from uniform noise ``U``: ``1[U < sigmoid(Phi)]``, or for
+      the second antithetic pass of ARM ``1[U > sigmoid(-Phi)]`` (eq. 10); ``U`` is one
+      ``n x n`` draw per mini-batch and layer (``mask_sampling=batch``, Algorithm 1) or
+      one per sequence (``sequence``: still unbiased, lower variance).  ``Z`` is a hard
+      threshold, so no gradient reaches ``Phi`` through the forward pass; ``Phi`` learns
+      from ``estimator_surrogate`` (run by ``DenoisingObjective``) and from the sparsity
+      penalty ``regularization_loss() = sparsity_beta * sum sigmoid(Phi)`` (eq. 8).
+    - Inference (``eval()``): the deterministic mask ``sigmoid(Phi)`` where it exceeds 0.5
+      and 0 elsewhere (section 4.1.2), see ``inference_mask``.
+
+    ``sigmoid(Phi)`` starts at ``mask_init_prob`` (the paper gives no value; 0.9 starts
+    close to the backbone).  Outside ``DenoisingObjective`` a training forward pass draws
+    fresh masks from the global RNG, but the base model's loss cannot train ``Phi``: the
+    estimators need the loss of each pass, so ``regularization_loss`` refuses that use.
+    """
+
+    def __init__(
+        self,
+        max_seq_length: int,
+        n_heads: int,
+        dropout_prob: float,
+        estimator: str = "ARM",
+        sparsity_beta: float = 0.0,
+        mask_per_head: bool = False,
+        mask_sampling: str = "batch",
+        mask_init_prob: float = 0.9,
+    ):
+        super().__init__()
+        self.estimator = _denoise_estimator(estimator)
+        self.sparsity_beta = _denoise_non_negative(
+            sparsity_beta, "sparsity_beta", "it is beta of Rec-Denoiser eq. 8, e.g. 0.01"
+        )
+        if mask_per_head not in (True, False):
+            raise ValueError(f"mask_per_head={mask_per_head!r} must be True or False")
+        if mask_sampling not in MASK_SAMPLING:
+            raise ValueError(
+                f"mask_sampling={mask_sampling!r} is unknown; choose 'batch' (one mask per "
+                "mini-batch and layer, Algorithm 1) or 'sequence' (one per sequence)"
+            )
+        try:
+            init = float(mask_init_prob)
+        except (TypeError, ValueError):
+            init = float("nan")
+        if not 0.0 < init < 1.0:
+            raise ValueError(
+                f"mask_init_prob={mask_init_prob!r} must lie in (0, 1): the initial keep "
+                "probability sigmoid(Phi), e.g. 0.9"
+            )
+        self.mask_sampling = mask_sampling
+        heads = n_heads if mask_per_head else 1
+        logit = torch.logit(torch.tensor(init, dtype=torch.float64)).item()
+        self.phi = nn.Parameter(torch.full((heads, max_seq_length, max_seq_length), logit))
+        self.dropout = Dropout(dropout_prob)
+        self._generator: torch.Generator | None = None
+        self._branch = "first"
+        self._driven = False
+        self._draw = None  # (U aligned per sequence, relevant entries, alignment index)
+
+    def keep_probability(self) -> torch.Tensor:
+        """``sigmoid(Phi)``, ``(heads, n, n)``: the probability of keeping each link."""
+        return torch.sigmoid(self.phi)
+
+    def inference_mask(self) -> torch.Tensor:
+        """Deterministic mask of section 4.1.2: ``sigmoid(Phi)`` where ``> 0.5``, else 0."""
+        keep = torch.sigmoid(self.phi)
+        return keep * (keep > 0.5)
+
+    def forward(self, query, key, value, mask):
+        probs = attention_probabilities(query, key, mask)
+        index = mask_alignment_index(mask)
+        if self.training:
+            keep = self._sample(mask, index)
+        else:
+            keep = align_masks(self.inference_mask(), index)
+        return torch.matmul(self.dropout(probs * keep.to(probs.dtype)), value)
+
+    def _sample(self, mask: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        if self._branch == "second":
+            if self._draw is None:
+                raise RuntimeError("the second ARM pass found no draw of the first pass")
+            uniform = self._draw[0]
+            with torch.no_grad():
+                return uniform > align_masks(torch.sigmoid(-self.phi), index)
+        if self._driven and self._draw is not None:
+            raise RuntimeError(
+                "the encoder ran twice in one DenoisingObjective pass; each pass must run "
+                "it once so that every mask draw is paired with its loss"
+            )
+        batch, heads, seq_len = mask.size(0), self.phi.size(0), self.phi.size(-1)
+        device = self.phi.device
+        if self.mask_sampling == "sequence":
+            shape = (batch, heads, seq_len, seq_len)
+            uniform = torch.rand(shape, generator=self._generator, device=device)
+        else:
+            shape = (heads, seq_len, seq_len)
+            uniform = torch.rand(shape, generator=self._generator, device=device)
+            uniform = align_masks(uniform, index)
+        if self._driven:
+            # Links whose Z cannot change the loss: keys the mask hides, padding queries.
+            real = mask[:, 0, -1, :]
+            relevant = mask.expand(batch, 1, seq_len, seq_len) & real[:, None, :, None]
+            self._draw = (uniform, relevant, index)
+        with torch.no_grad():
+            return uniform < align_masks(torch.sigmoid(self.phi), index)
+
+    # Hooks for DenoisingObjective.
+    def begin_step(self, generator: torch.Generator | None) -> None:
+        self._generator, self._branch, self._driven, self._draw = generator, "first", True, None
+
+    def use_second_pass(self) -> None:
+        self._branch = "second"
+
+    def end_step(self) -> None:
+        self._generator, self._branch, self._driven, self._draw = None, "first", False, None
+
+    def estimator_surrogate(self, first: torch.Tensor, second: torch.Tensor | None = None):
+        """Scalar whose gradient with respect to ``Phi`` is the ARM (eq. 10) or AR (eq. 11)
+        estimate of the gradient of the expected loss, and which has no other gradient.
+
+        ``first`` / ``second``: per-sequence loss terms (summing to the batch loss) of the
+        pass with ``Z = 1[U < sigmoid(Phi)]`` / ``Z = 1[U > sigmoid(-Phi)]``.  Per sequence
+        ``b`` the estimate is ``(second_b - first_b) (U_b - 1/2)`` (ARM) or
+        ``first_b (1 - 2 U_b)`` (AR), summed over the batch.  Entries the loss cannot
+        depend on (links hidden by the causal / padding mask, queries at padding) get
+        exactly 0, their true gradient, instead of zero-mean noise.
+        """
+        if self._draw is None:
+            return 0.0  # the operator did not run (e.g. BSARec with alpha = 1)
+        uniform, relevant, index = self._draw
+        if self.estimator == "ARM":
+            if second is None:
+                raise ValueError("the ARM estimator needs the losses of both passes")
+            weight = (second - first).view(-1, 1, 1, 1) * (uniform - 0.5)
+        else:
+            weight = first.view(-1, 1, 1, 1) * (1.0 - 2.0 * uniform)
+        weight = (weight * relevant).detach()
+        return (align_masks(self.phi, index) * weight).sum()
+
+    def regularization_loss(self):
+        """Sparsity penalty of eq. 8: ``sparsity_beta * sum sigmoid(Phi)``."""
+        if self.training and not self._driven:
+            raise ValueError(
+                "attention_operator='denoise' learns its masks with the ARM / AR estimator, "
+                "which needs the loss of every forward pass, and this model's "
+                "calculate_loss does not run it; train denoising masks with "
+                "--model=RecDenoiser (--backbone=SASRec or BSARec) or "
+                "--model=BERT4RecDenoiser (--backbone=BERT4Rec or BSARec)"
+            )
+        if self.sparsity_beta == 0.0:
+            return 0.0
+        return self.sparsity_beta * torch.sigmoid(self.phi).sum()
+
+    def extra_repr(self) -> str:
+        heads, seq_len = self.phi.size(0), self.phi.size(-1)
+        return (
+            f"estimator={self.estimator}, masks={heads}x{seq_len}x{seq_len}, "
+            f"sparsity_beta={self.sparsity_beta}, mask_sampling={self.mask_sampling}"
+        )
+
+
+def jacobian_norm_estimate(
+    block_input: torch.Tensor,
+    block_output: torch.Tensor,
+    positions: torch.Tensor | None = None,
+    n_projections: int = 1,
+) -> torch.Tensor:
+    """Per sequence, an unbiased estimate of ``||J||_F^2`` with ``J = d output / d input``
+    of one Transformer block (Rec-Denoiser eq. 12), by random projections (Hutchinson;
+    Hoffman et al. 2019): ``||J||_F^2 = E ||eta^T J||^2`` for ``eta ~ N(0, I)``, each
+    ``eta^T J`` being one vector-Jacobian product, averaged over ``n_projections``.
+
+    ``positions`` ``(batch, seq_len)`` restricts the rows of ``J`` to real positions'
+    outputs (padding outputs are never used); the columns are all inputs.  The graph is
+    kept (``create_graph``), so the estimate can be differentiated (double backward).
+    Sequences are independent, so one product serves the whole batch.
+    """
+    if not block_input.requires_grad:
+        raise ValueError("the Jacobian regulariser needs block inputs that require grad")
+    weight = None if positions is None else positions[..., None].to(block_output.dtype)
+    total = block_output.new_zeros(block_output.size(0))
+    for _ in range(n_projections):
+        eta = torch.randn_like(block_output)
+        if weight is not None:
+            eta = eta * weight
+        (product,) = torch.autograd.grad(
+            block_output, block_input, eta, create_graph=True, retain_graph=True
+        )
+        total = total + product.square().flatten(1).sum(-1)
+    return total / n_projections
+
+
+@dataclass
+class DenoisingPass:
+    """What one forward pass hands to ``DenoisingObjective``.
+
+    ``contributions``: per-sequence loss terms ``(batch,)`` whose sum is the data loss
+    (``loss_b / batch`` for a batch mean); ``block_inputs`` / ``block_outputs``: every
+    Transformer block's input and output (only needed with the Jacobian regulariser);
+    ``positions``: ``(batch, seq_len)``, True at real items.
+    """
+
+    contributions: torch.Tensor
+    block_inputs: Sequence[torch.Tensor] = ()
+    block_outputs: Sequence[torch.Tensor] = ()
+    positions: torch.Tensor | None = None
+
+
+class DenoisingObjective:
+    """Rec-Denoiser's training loss, eq. 13: ``L + beta R_M + gamma R_J``, around any
+    model's forward pass ``run_pass() -> DenoisingPass``.
+
+    In training mode, with ``denoise`` operators in the encoder:
+
+    1. one seed per step feeds a private generator from which every operator draws its
+       uniform noise ``U`` (so the global RNG, hence dropout, is not disturbed);
+    2. pass 1 with ``Z = 1[U < sigmoid(Phi)]``, with autograd: its loss ``L(Z)`` gives
+       **all backbone parameters** (embeddings, projections, feed-forward, LayerNorms,
+       output layers) their ordinary gradient, an unbiased estimate of the gradient of
+       the expected loss since ``Z ~ Bernoulli(sigmoid(Phi))``;
+    3. ARM only: pass 2 with the antithetic ``Z' = 1[U > sigmoid(-Phi)]`` under
+       ``torch.no_grad()``, replaying pass 1's dropout draws (common random numbers): it
+       contributes only its loss value, to the ``Phi`` estimate;
+    4. ``Phi`` gets the ARM / AR estimate (``estimator_surrogate``, whose value is
+       removed from the loss) plus the gradient of ``beta * sum sigmoid(Phi)``; nothing
+       else reaches ``Phi`` (the masks are hard thresholds);
+    5. ``gamma * R_J`` (``jacobian_gamma > 0``) on pass 1's blocks, mean over the batch,
+       gives the backbone parameters a second gradient (double backward); ``Phi`` gets
+       none from it (``Z`` is fixed within the pass);
+    6. every other component's ``regularization_loss()`` is added, as in the base model.
+
+    The returned value is ``L(Z) + beta R_M + gamma R_J (+ other regularisers)`` of pass 1.
+    In evaluation mode, or without ``denoise`` operators (e.g. the Jacobian regulariser
+    alone on softmax attention), it is one pass with the same terms.
+    """
+
+    def __init__(self, jacobian_gamma: float = 0.0, jacobian_projections: int = 1):
+        self.jacobian_gamma = _denoise_non_negative(
+            jacobian_gamma, "jacobian_gamma", "it is gamma of Rec-Denoiser eq. 13, e.g. 0.001"
+        )
+        projections = jacobian_projections
+        if isinstance(projections, bool) or not isinstance(projections, int) or projections < 1:
+            raise ValueError(
+                f"jacobian_projections={jacobian_projections!r} must be an integer >= 1: "
+                "the number of random projections per block and step, e.g. 1"
+            )
+        self.jacobian_projections = projections
+
+    def __call__(self, encoder: nn.Module, run_pass: Callable[[], DenoisingPass]):
+        operators = [m for m in encoder.modules() if isinstance(m, DenoisingMaskAttention)]
+        if not (encoder.training and operators):
+            result = run_pass()
+            return result.contributions.sum() + self._regularisers(encoder, result)
+        estimators = {operator.estimator for operator in operators}
+        if len(estimators) > 1:
+            raise ValueError(f"all denoise operators must share one estimator, got {estimators}")
+        device = operators[0].phi.device
+        generator = torch.Generator(device=device)
+        generator.manual_seed(int(torch.randint(0, 2**62, ()).item()))
+        try:
+            for operator in operators:
+                operator.begin_step(generator)
+            if estimators == {"ARM"}:
+                cuda = [] if device.type != "cuda" else [torch.device(device).index or 0]
+                with torch.random.fork_rng(devices=cuda):
+                    first = run_pass()
+                for operator in operators:
+                    operator.use_second_pass()
+                with torch.no_grad():
+                    second = run_pass().contributions
+            else:
+                first, second = run_pass(), None
+            contributions = first.contributions.detach()
+            surrogate = sum(
+                operator.estimator_surrogate(contributions, second) for operator in operators
+            )
+            loss = first.contributions.sum()
+            if torch.is_tensor(surrogate):
+                loss = loss + (surrogate - surrogate.detach())
+            return loss + self._regularisers(encoder, first)
+        finally:
+            for operator in operators:
+                operator.end_step()
+
+    def _regularisers(self, encoder: nn.Module, result: DenoisingPass):
+        total = 0.0
+        if self.jacobian_gamma > 0 and encoder.training and torch.is_grad_enabled():
+            total = self.jacobian_gamma * self.jacobian_penalty(result)
+        terms = [
+            module.regularization_loss()
+            for module in encoder.modules()
+            if hasattr(module, "regularization_loss")
+        ]
+        return total + sum(terms)
+
+    def jacobian_penalty(self, result: DenoisingPass) -> torch.Tensor:
+        """``R_J = sum_l ||J^(l)||_F^2`` (eq. 12), averaged over the sequences of the batch."""
+        if not result.block_inputs:
+            raise ValueError("jacobian_gamma > 0 needs the blocks' inputs and outputs")
+        penalty = 0.0
+        for block_input, block_output in zip(result.block_inputs, result.block_outputs):
+            estimate = jacobian_norm_estimate(
+                block_input, block_output, result.positions, self.jacobian_projections
+            )
+            penalty = penalty + estimate.mean()
+        return penalty
+
+
+ATTENTION_OPERATORS["denoise"] = Component(
+    lambda ctx, **options: DenoisingMaskAttention(
+        ctx.max_seq_length, ctx.n_heads, ctx.attn_dropout_prob, **options
+    ),
+    ("estimator", "sparsity_beta", "mask_per_head", "mask_sampling", "mask_init_prob"),
+)

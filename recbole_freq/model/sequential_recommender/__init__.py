@@ -1,4 +1,7 @@
+from recbole_freq.model.sequential_recommender.bert4rec_denoiser import BERT4RecDenoiser
 from recbole_freq.model.sequential_recommender.bsarec import BSARec
 from recbole_freq.model.sequential_recommender.fbsarec import FBSARec
+from recbole_freq.model.sequential_recommender.polyrec import PolyRec
+from recbole_freq.model.sequential_recommender.recdenoiser import RecDenoiser
 
-__all__ = ["BSARec", "FBSARec"]
+__all__ = ["BSARec", "FBSARec", "PolyRec", "RecDenoiser", "BERT4RecDenoiser"]

@@ -1,0 +1,230 @@
+"""PolyRec: polynomial attention for enhanced sequential recommendation (Ji et al.)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from recbole_freq.model.abstract_recommender import TransformerRecommender, config_value
+from recbole_freq.model.layers import ChebyshevAttention
+
+
+class SameTargetSampler(nn.Module):
+    """Supervised positives of PolyRec eq. 16 (as in DuoRec): for each sequence, another
+    *training* sequence with the same target item, drawn uniformly.
+
+    The index is built once from the training dataset: its distinct ``(target,
+    sequence)`` rows, grouped by target (``rows``, with ``group_start`` / ``group_size``
+    per item id).  A draw is then a few vectorised gathers per batch, on the model's
+    device.  A sequence is never paired with itself, nor with an identical copy (another
+    user with the same history and target): duplicates are removed from the groups, and
+    a draw lands uniformly on the *other* members of the anchor's group: pick ``r`` in
+    ``[0, size - 1)``; if member ``r`` is the anchor, take the last member instead (when
+    the anchor is the last member, ``r`` never hits it).  ``found`` is False where the
+    group holds no other sequence (the target occurs once, or only with this history).
+
+    Only the dataset given here is indexed; RecBole hands models the training split, so
+    validation and test sequences never serve as positives.  The sequences are kept by
+    reference (no copy on the CPU) and as non-persistent buffers, so they follow the
+    model to its device and stay out of checkpoints.
+    """
+
+    def __init__(self, item_seq: torch.Tensor, item_seq_len: torch.Tensor, targets, n_items):
+        super().__init__()
+        sequences = item_seq.cpu().numpy()
+        target_ids = targets.cpu().numpy().astype(np.int64)
+        keyed = pd.DataFrame(np.concatenate([target_ids[:, None], sequences], axis=1))
+        distinct = np.flatnonzero(~keyed.duplicated(keep="first").to_numpy())
+        rows = distinct[np.argsort(target_ids[distinct], kind="stable")]
+        size = np.bincount(target_ids[rows], minlength=n_items)
+        start = np.concatenate([[0], np.cumsum(size)[:-1]])
+        self.register_buffer("sequences", item_seq, persistent=False)
+        self.register_buffer("lengths", item_seq_len, persistent=False)
+        self.register_buffer("rows", torch.from_numpy(rows), persistent=False)
+        self.register_buffer("group_start", torch.from_numpy(start), persistent=False)
+        self.register_buffer("group_size", torch.from_numpy(size), persistent=False)
+        # Share of training rows that have a supervised positive (reported in the log).
+        self.coverage = float((size[target_ids] > 1).mean()) if len(target_ids) else 0.0
+
+    def extra_repr(self) -> str:
+        return f"distinct_sequences={self.rows.numel()}, coverage={self.coverage:.3f}"
+
+    def forward(self, item_seq: torch.Tensor, targets: torch.Tensor):
+        """Training-row indices of the positives, and whether one was ``found``."""
+        if item_seq.size(-1) != self.sequences.size(-1):
+            raise ValueError(
+                f"sequences of length {item_seq.size(-1)} cannot be matched against the "
+                f"training sequences of length {self.sequences.size(-1)}"
+            )
+        size = self.group_size[targets]
+        start = self.group_start[targets]
+        last_row = self.rows.numel() - 1
+        choices = (size - 1).clamp_min(1)
+        offset = (torch.rand(targets.shape, device=targets.device) * choices).long()
+        first = (start + offset.minimum(choices - 1)).clamp(0, last_row)
+        is_anchor = (self.sequences[self.rows[first]] == item_seq).all(dim=-1)
+        pick = torch.where(is_anchor, start + size - 1, first).clamp(0, last_row)
+        found = (size > 1) | ((size == 1) & ~is_anchor)
+        return self.rows[pick], found
+
+    def positives(self, item_seq, item_seq_len, targets):
+        """Positive sequences and lengths; rows without one get their own sequence back,
+        i.e. only the dropout view (see ``PolyRec.calculate_loss``)."""
+        rows, found = self(item_seq, targets)
+        sequences = torch.where(found[:, None], self.sequences[rows], item_seq)
+        lengths = torch.where(found, self.lengths[rows], item_seq_len)
+        return sequences, lengths, found
+
+
+class PolyRec(TransformerRecommender):
+    r"""PolyRec on the shared Transformer core (paper section 3).
+
+    - embedding layer: eq. 1-2 (the core's ``Dropout(LayerNorm(E + P))``);
+    - polynomial attention ``sum_k w_k T_k(A) V`` with Chebyshev ``T_k``, eq. 10-12:
+      ``attention_operator: chebyshev`` (``poly_order`` K, ``poly_per_head``), see
+      ``layers.ChebyshevAttention``;
+    - truncated residual connection, eq. 13: ``residual: fourier_truncated``
+      (``trc_alpha``, ``trc_c``, ``trc_sublayers``), see ``layers.TruncatedResidual``;
+    - prediction eq. 14 and cross-entropy over all items (eq. 15 names a binary
+      cross-entropy but calls the loss cross-entropy on a softmax; we use the softmax
+      CE as the core and DuoRec do);
+    - contrastive regularisation, eq. 16-18: ``L = L_Rec + lambda L_CLReg``
+      (``cl_weight`` lambda, ``cl_temperature``), see ``contrastive_loss``.
+
+    Ablations of Table 3 are configuration: (a) w/o CL ``cl_weight: 0``, (b) w/o TRC
+    ``residual: standard``, (c) w/o PA ``attention_operator: softmax``.
+    ``order_contributions`` measures each order's share per layer (section 4.5).
+    """
+
+    token_mixer = "self_attention"
+
+    def __init__(self, config, dataset):
+        # Checked before the (slower) encoder build so that bad input fails fast.
+        cl_weight = _non_negative(config_value(config, "cl_weight", 0.1), "cl_weight")
+        cl_temperature = _non_negative(
+            config_value(config, "cl_temperature", 1.0), "cl_temperature", strict=True
+        )
+        super().__init__(config, dataset)
+        self.cl_weight, self.cl_temperature = cl_weight, cl_temperature
+        self.positive_sampler = None
+        if self.cl_weight > 0:
+            features = dataset.inter_feat
+            self.positive_sampler = SameTargetSampler(
+                features[self.ITEM_SEQ],
+                features[self.ITEM_SEQ_LEN],
+                features[self.ITEM_ID],
+                self.n_items,
+            )
+
+    def calculate_loss(self, interaction):
+        item_seq = interaction[self.ITEM_SEQ]
+        item_seq_len = interaction[self.ITEM_SEQ_LEN]
+        targets = interaction[self.POS_ITEM_ID]
+        if self.positive_sampler is None:
+            seq_output = self.forward(item_seq, item_seq_len)
+            return self.recommendation_loss(seq_output, interaction) + self.regularization_loss()
+        positive_seq, positive_len, _ = self.positive_sampler.positives(
+            item_seq, item_seq_len, targets
+        )
+        # One encoder pass over anchors and positives together: same result as two
+        # passes (dropout masks are drawn per element), with larger, faster products.
+        both = self.forward(
+            torch.cat([item_seq, positive_seq]), torch.cat([item_seq_len, positive_len])
+        )
+        seq_output, positive_output = both.split(item_seq.size(0))
+        loss = self.recommendation_loss(seq_output, interaction) + self.regularization_loss()
+        return loss + self.cl_weight * self.contrastive_loss(seq_output, positive_output, targets)
+
+    def recommendation_loss(self, seq_output, interaction):
+        """Eq. 14-15: softmax cross-entropy over all items (or BPR, as in the core)."""
+        pos_items = interaction[self.POS_ITEM_ID]
+        if self.loss_type == "BPR":
+            neg_items = interaction[self.NEG_ITEM_ID]
+            pos_score = (seq_output * self.item_embedding(pos_items)).sum(-1)
+            neg_score = (seq_output * self.item_embedding(neg_items)).sum(-1)
+            return self.loss_fct(pos_score, neg_score)
+        return self.loss_fct(seq_output @ self.item_embedding.weight.t(), pos_items)
+
+    def contrastive_loss(self, anchor, positive, targets):
+        """InfoNCE of eq. 16-17 with in-batch negatives.
+
+        ``anchor`` is the training pass's last-position output (eq. 17, a dropout view
+        of the sequence), ``positive`` that of its same-target positive, encoded with
+        fresh dropout (a dropout view of the positive; for rows without a supervised
+        positive, a second dropout view of the sequence itself).  ``sim`` is the dot
+        product (eq. 16) divided by ``cl_temperature`` (1 = the paper's plain dot
+        product).  Row i's negatives are the other rows' positives, except those with
+        the same target: they are positives of the same item, not negatives.
+        """
+        logits = anchor @ positive.t() / self.cl_temperature
+        same_item = targets[:, None] == targets[None, :]
+        same_item.fill_diagonal_(False)
+        logits = logits.masked_fill(same_item, float("-inf"))
+        labels = torch.arange(anchor.size(0), device=anchor.device)
+        return F.cross_entropy(logits, labels)
+
+    def polynomial_operators(self) -> list[ChebyshevAttention]:
+        operators = [m for m in self.encoder.modules() if isinstance(m, ChebyshevAttention)]
+        if not operators:
+            raise ValueError(
+                "this PolyRec uses no polynomial attention (attention_operator is not "
+                "'chebyshev'); set attention_operator: chebyshev to inspect orders"
+            )
+        return operators
+
+    def polynomial_coefficients(self) -> list[torch.Tensor]:
+        """Per layer, the learned ``w`` of eq. 12: ``(1, K + 1)``, or ``(n_heads, K + 1)``
+        with ``poly_per_head``."""
+        return [op.coefficients.detach().cpu().clone() for op in self.polynomial_operators()]
+
+    @torch.no_grad()
+    def order_contributions(self, data, max_batches: int | None = None) -> torch.Tensor:
+        """Magnitude of each order's contribution per layer (section 4.5, Fig. 6).
+
+        ``data``: one batch (a RecBole ``Interaction``) or an iterable of them, e.g. a
+        RecBole data loader.  Returns ``(n_layers, K + 1)``: entry ``[l, k]`` is the mean
+        over real tokens of ``|| w_k T_k(A) V ||`` (all heads' values concatenated,
+        before the output projection) in layer ``l``, measured in evaluation mode.
+        Orders whose share stays small after training add little; a smaller K will do.
+        """
+        operators = self.polynomial_operators()
+        was_training = self.training
+        self.eval()
+        device = next(self.parameters()).device
+        for operator in operators:
+            operator.start_recording()
+        try:
+            for index, batch in enumerate(_batches(data)):
+                if max_batches is not None and index >= max_batches:
+                    break
+                batch = batch.to(device)
+                self.forward(batch[self.ITEM_SEQ], batch[self.ITEM_SEQ_LEN])
+        finally:
+            result = torch.stack([operator.stop_recording() for operator in operators])
+            self.train(was_training)
+        return result
+
+
+def _batches(data) -> Iterable:
+    if hasattr(data, "interaction"):  # a single RecBole Interaction
+        yield data
+        return
+    for batch in data:
+        # Evaluation loaders yield (interaction, history, positive_u, positive_i).
+        yield batch[0] if isinstance(batch, tuple) else batch
+
+
+def _non_negative(value, name: str, strict: bool = False) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if isinstance(value, bool) or not (number > 0 if strict else number >= 0):
+        bound = "> 0" if strict else ">= 0 (0 turns contrastive learning off)"
+        raise ValueError(f"{name}={value!r} must be a number {bound}")
+    return number

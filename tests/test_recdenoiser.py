@@ -1,0 +1,567 @@
+"""Rec-Denoiser: estimators, Jacobian regulariser, masks, backbones, noise, bad input."""
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from recbole.data import create_dataset, data_preparation
+from recbole.model.sequential_recommender import BERT4Rec, SASRec
+from recbole.trainer import Trainer
+from recbole.utils import init_seed
+
+from recbole_freq.config import FreqConfig, properties_dir
+from recbole_freq.model import BERT4RecDenoiser, RecDenoiser
+from recbole_freq.model.layers import (
+    DenoisingMaskAttention,
+    DenoisingObjective,
+    DenoisingPass,
+    align_masks,
+    attention_probabilities,
+    build_attention_mask,
+    build_encoder,
+    jacobian_norm_estimate,
+    mask_alignment_index,
+)
+from recbole_freq.noise import corrupt_sequences
+from recbole_freq.quick_start import run
+
+NO_REGULARISERS = {"sparsity_beta": 0.0, "jacobian_gamma": 0.0}
+NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attn_dropout_prob": 0.0}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny tensors: thread hand-offs would cost more than the arithmetic on a busy CPU.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def prepare(model, overrides, dataset="tiny"):
+    config = FreqConfig(model, dataset, cmd_overrides=overrides)
+    init_seed(config["seed"], config["reproducibility"])
+    train, valid, test = data_preparation(config, create_dataset(config))
+    init_seed(config["seed"], config["reproducibility"])
+    return config, train, valid, test
+
+
+def first_batch(loader):
+    for batch in loader:
+        return batch[0] if isinstance(batch, tuple) else batch
+
+
+def operators(model):
+    return [block.mixer.attention.operator for block in model.encoder.blocks]
+
+
+def tiny_encoder(**operator_options):
+    torch.manual_seed(0)
+    return build_encoder(
+        n_layers=1,
+        hidden_size=4,
+        n_heads=1,
+        inner_size=8,
+        hidden_dropout_prob=0.0,
+        attn_dropout_prob=0.0,
+        hidden_act="gelu",
+        layer_norm_eps=1e-12,
+        max_seq_length=3,
+        attention_operator="denoise",
+        operator_options=operator_options,
+    )
+
+
+# --- estimators -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sampling", ["batch", "sequence"])
+@pytest.mark.parametrize("estimator", ["ARM", "AR"])
+def test_estimators_are_unbiased_against_exact_expected_gradient(estimator, sampling):
+    """Two right-padded sequences (lengths 3 and 2) through one block: the 6 causal links
+    give 64 masks, so E_Z[L] and its gradient in Phi are computed exactly; the averaged
+    ARM / AR estimates, driven by DenoisingObjective, must match within 4.5 standard
+    errors, and be precise enough to tell that gradient from zero."""
+    encoder = tiny_encoder(estimator=estimator, mask_sampling=sampling)
+    operator = encoder.blocks[0].mixer.attention.operator
+    with torch.no_grad():
+        operator.phi.copy_(torch.tensor([[0.8, -1.0, 0.3], [-0.5, 1.2, 0.0], [0.2, -0.7, 1.5]]))
+    item_seq = torch.tensor([[1, 2, 3], [4, 5, 0]])
+    mask = build_attention_mask(item_seq)
+    real = (item_seq != 0).float()
+    generator = torch.Generator().manual_seed(1)
+    hidden = torch.randn(2, 3, 4, generator=generator)
+    readout = torch.randn(4, generator=generator)
+
+    def per_sequence(output, real):  # nonlinear in Z, centred so that AR stays usable
+        return (((output @ readout) ** 2 / 4 - 7) * real).sum(-1)
+
+    rows, cols = torch.tril_indices(3, 3)
+    phi = operator.phi.detach().clone()
+    masks, losses = [], []
+    encoder.eval()
+    with torch.no_grad():
+        for bits in itertools.product([0.0, 1.0], repeat=6):
+            z = torch.zeros(1, 3, 3)
+            z[0, rows, cols] = torch.tensor(bits)
+            operator.phi.copy_(torch.where(z > 0, torch.inf, -torch.inf))  # eval mask = Z
+            losses.append(per_sequence(encoder(hidden, mask), real).sum())
+            masks.append(z[0, rows, cols])
+        operator.phi.copy_(phi)
+    phi = phi.requires_grad_()
+    keep = torch.sigmoid(phi[0, rows, cols])
+    masks = torch.stack(masks)
+    probability = (keep**masks * (1 - keep) ** (1 - masks)).prod(-1)
+    (exact,) = torch.autograd.grad((probability * torch.stack(losses)).sum(), phi)
+    exact = exact[0, rows, cols]
+
+    # "sequence" draws one mask per sequence: replicas average independent estimates.
+    replicas, calls = (200, 50) if sampling == "sequence" else (1, 300)
+    hidden_r, mask_r, real_r = (
+        hidden.repeat(replicas, 1, 1),
+        mask.repeat(replicas, 1, 1, 1),
+        real.repeat(replicas, 1),
+    )
+    objective = DenoisingObjective()
+    encoder.train()
+    torch.manual_seed(2)
+    estimates = []
+    for _ in range(calls):
+        operator.phi.grad = None
+        loss = objective(
+            encoder,
+            lambda: DenoisingPass(per_sequence(encoder(hidden_r, mask_r), real_r) / replicas),
+        )
+        loss.backward()
+        estimates.append(operator.phi.grad[0, rows, cols].clone())
+        assert operator.phi.grad.triu(1).abs().sum() == 0  # future links: exactly 0
+    estimates = torch.stack(estimates)
+    mean, standard_error = estimates.mean(0), estimates.std(0) / calls**0.5
+    assert ((mean - exact).abs() <= 4.5 * standard_error).all(), (mean, exact, standard_error)
+    assert (exact.abs() / standard_error).max() > 4
+
+
+def test_arm_gives_no_mask_gradient_when_both_antithetic_masks_agree():
+    encoder = tiny_encoder(estimator="ARM")
+    operator = encoder.blocks[0].mixer.attention.operator
+    with torch.no_grad():
+        operator.phi.fill_(30.0)  # sigmoid = 1: both antithetic masks are all ones
+    mask = build_attention_mask(torch.tensor([[1, 2, 3]]))
+    hidden = torch.randn(1, 3, 4)
+    loss = DenoisingObjective()(encoder, lambda: DenoisingPass(encoder(hidden, mask).sum((1, 2))))
+    loss.backward()
+    assert operator.phi.grad.abs().sum() == 0
+
+
+# --- Jacobian regulariser -----------------------------------------------------------------
+
+
+def test_jacobian_estimator_matches_exact_frobenius_norm_and_is_differentiable():
+    encoder = tiny_encoder(estimator="AR")
+    block = encoder.blocks[0]
+    encoder.eval()  # deterministic masks: a fixed function of the input
+    with torch.no_grad():
+        block.mixer.attention.operator.phi.copy_(torch.randn(1, 3, 3))
+    item_seq = torch.tensor([[1, 2, 3], [4, 5, 0]])
+    mask, positions = build_attention_mask(item_seq), item_seq != 0
+    hidden = torch.randn(2, 3, 4)
+
+    jacobian = torch.autograd.functional.jacobian(lambda x: block(x, mask), hidden)
+    exact = []
+    for b in range(2):
+        own = jacobian[b, :, :, b][positions[b]]  # rows: real positions' outputs
+        exact.append(own.square().sum())
+        others = jacobian[b, :, :, 1 - b]
+        assert others.abs().max() == 0  # sequences are independent
+    exact = torch.stack(exact)
+
+    # 2000 independent projections per sequence: the batch replicated (one eta each).
+    draws = 2000
+    x = hidden.repeat(draws, 1, 1).requires_grad_()
+    y = block(x, mask.repeat(draws, 1, 1, 1))
+    torch.manual_seed(3)
+    estimates = jacobian_norm_estimate(x, y, positions.repeat(draws, 1)).view(draws, 2)
+    mean, standard_error = estimates.mean(0), estimates.std(0) / draws**0.5
+    assert ((mean - exact).abs() <= 4.5 * standard_error).all(), (mean, exact)
+    assert (standard_error / exact).max() < 0.05
+
+    # The estimate keeps its graph: its gradient reaches the block's weights.
+    x = hidden.clone().requires_grad_()
+    penalty = jacobian_norm_estimate(x, block(x, mask), positions, n_projections=2).mean()
+    penalty.backward()
+    assert block.feed_forward.dense_in.weight.grad.abs().sum() > 0
+    assert block.mixer.attention.qkv.weight.grad.abs().sum() > 0
+
+
+# --- masks ----------------------------------------------------------------------------------
+
+
+def test_mask_alignment_puts_the_most_recent_item_last():
+    item_seq = torch.tensor([[5, 6, 7, 8], [5, 6, 0, 0]])
+    index = mask_alignment_index(build_attention_mask(item_seq))
+    assert index.tolist() == [[0, 1, 2, 3], [2, 3, 3, 3]]
+    canonical = torch.arange(16.0).view(1, 4, 4)
+    aligned = align_masks(canonical, index)
+    assert aligned.shape == (2, 1, 4, 4)
+    assert aligned[1, 0, 1, 0] == canonical[0, 3, 2]  # last item attends to the one before
+    bidirectional = mask_alignment_index(build_attention_mask(item_seq, bidirectional=True))
+    assert torch.equal(bidirectional, index)
+
+
+def test_inference_masks_are_deterministic_causal_and_follow_the_paper(small_config):
+    config, train, _, test = prepare("RecDenoiser", dict(small_config, mask_per_head=True))
+    model = RecDenoiser(config, train._dataset)
+    for operator in operators(model):
+        with torch.no_grad():
+            operator.phi.copy_(torch.randn_like(operator.phi) * 2)
+    model.eval()
+    batch = first_batch(test)
+    scores = model.full_sort_predict(batch)
+    assert torch.equal(scores, model.full_sort_predict(batch))
+
+    masks = model.learned_masks()
+    assert len(masks) == 2
+    n = config["MAX_ITEM_LIST_LENGTH"]
+    for entry, operator in zip(masks, operators(model)):
+        keep = torch.sigmoid(operator.phi.detach())
+        expected = torch.where(keep > 0.5, keep, torch.zeros_like(keep)).tril()
+        assert entry["mask"].shape == (2, n, n)  # one mask per head
+        assert torch.equal(entry["mask"], expected)
+        assert entry["mask"].triu(1).abs().sum() == 0
+        allowed = 2 * n * (n + 1) / 2
+        assert entry["pruned_fraction"] == pytest.approx(1 - (expected > 0).sum().item() / allowed)
+
+    # Operator level: M = A * mask (eq. 5), no renormalisation, no link to the future.
+    operator = operators(model)[0]
+    item_seq = batch["item_id_list"][:4]
+    attention_mask = build_attention_mask(item_seq)
+    query, key = torch.randn(2, 4, 2, n, 8).unbind(0)
+    value = torch.eye(n).expand(4, 2, n, n)  # A V with V = I returns the weights M
+    weights = operator(query, key, value, attention_mask)
+    index = mask_alignment_index(attention_mask)
+    expected = attention_probabilities(query, key, attention_mask) * align_masks(
+        operator.inference_mask(), index
+    )
+    torch.testing.assert_close(weights, expected)
+    assert weights.triu(1).abs().sum() == 0
+    assert torch.equal(weights, operator(query, key, value, attention_mask))
+
+
+# --- equivalence with the unchanged backbones ---------------------------------------------
+
+
+def recbole_state(model, reference):
+    """Load ``model``'s weights into RecBole's SASRec / BERT4Rec ``reference``; returns,
+    per RecBole parameter name, ``(our parameter, rows)`` (rows of the fused QKV)."""
+    pairs = {
+        "item_embedding": model.embedding.item_embedding,
+        "position_embedding": model.embedding.position_embedding,
+        "LayerNorm": model.embedding.layer_norm,
+    }
+    shared = {}
+    for i, block in enumerate(model.encoder.blocks):
+        attention, ffn = block.mixer.attention, block.feed_forward
+        prefix = f"trm_encoder.layer.{i}."
+        size = attention.qkv.weight.size(0) // 3
+        for part, name in enumerate(("query", "key", "value")):
+            for kind in ("weight", "bias"):
+                rows = slice(part * size, (part + 1) * size)
+                shared[f"{prefix}multi_head_attention.{name}.{kind}"] = (
+                    getattr(attention.qkv, kind),
+                    rows,
+                )
+        pairs.update(
+            {
+                f"{prefix}multi_head_attention.dense": attention.dense,
+                f"{prefix}multi_head_attention.LayerNorm": attention.residual.layer_norm,
+                f"{prefix}feed_forward.dense_1": ffn.dense_in,
+                f"{prefix}feed_forward.dense_2": ffn.dense_out,
+                f"{prefix}feed_forward.LayerNorm": ffn.residual.layer_norm,
+            }
+        )
+    if isinstance(model, BERT4RecDenoiser):
+        pairs.update(output_ffn=model.output_ffn, output_ln=model.output_ln)
+        shared["output_bias"] = (model.output_bias, slice(None))
+    for name, module in pairs.items():
+        for kind, parameter in module.named_parameters():
+            shared[f"{name}.{kind}"] = (parameter, slice(None))
+    state = {name: parameter.detach()[rows].clone() for name, (parameter, rows) in shared.items()}
+    reference.load_state_dict(state, strict=True)
+    return shared
+
+
+@pytest.mark.parametrize(
+    "ours, recbole_model", [("RecDenoiser", SASRec), ("BERT4RecDenoiser", BERT4Rec)]
+)
+def test_all_ones_masks_without_regularisers_is_recbole_backbone(small_config, ours, recbole_model):
+    overrides = dict(small_config, **NO_REGULARISERS, **NO_DROPOUT)
+    config, train, _, test = prepare(ours, overrides)
+    model = {"RecDenoiser": RecDenoiser, "BERT4RecDenoiser": BERT4RecDenoiser}[ours](
+        config, train._dataset
+    )
+    for operator in operators(model):
+        with torch.no_grad():
+            operator.phi.fill_(30.0)  # sigmoid(Phi) = 1: Z = 1 in training and inference
+    reference = recbole_model(config, train._dataset)
+    shared = recbole_state(model, reference)
+
+    model.eval(), reference.eval()
+    batch = first_batch(test)
+    torch.testing.assert_close(
+        model.full_sort_predict(batch), reference.full_sort_predict(batch), atol=1e-5, rtol=1e-5
+    )
+    assert dict(Trainer(config, model).evaluate(test, load_best_model=False)) == dict(
+        Trainer(config, reference).evaluate(test, load_best_model=False)
+    )
+
+    model.train(), reference.train()
+    batch = first_batch(train)
+    ours_loss, their_loss = model.calculate_loss(batch), reference.calculate_loss(batch)
+    assert ours_loss.item() == pytest.approx(their_loss.item(), rel=1e-5)
+    ours_loss.backward(), their_loss.backward()
+    theirs = dict(reference.named_parameters())
+    for name, (parameter, rows) in shared.items():
+        torch.testing.assert_close(parameter.grad[rows], theirs[name].grad, atol=1e-6, rtol=1e-4)
+    for operator in operators(model):  # ARM: both antithetic passes equal, no mask gradient
+        assert operator.phi.grad.abs().sum() == 0
+
+
+# --- gradients: who gets what ----------------------------------------------------------------
+
+
+def gradients(model, batch, seed):
+    model.zero_grad()
+    torch.manual_seed(seed)
+    model.calculate_loss(batch).backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def test_backbone_gradients_come_from_the_first_pass_and_masks_get_no_jacobian_gradient(
+    small_config,
+):
+    overrides = dict(small_config, sparsity_beta=0.01, jacobian_gamma=0.0)
+    config, train, _, _ = prepare("RecDenoiser", overrides)
+    model = RecDenoiser(config, train._dataset)
+    model.train()
+    batch = first_batch(train)
+    phi_names = {f"encoder.blocks.{i}.mixer.attention.operator.phi" for i in range(2)}
+
+    arm = gradients(model, batch, seed=5)
+    for operator in operators(model):
+        operator.estimator = "AR"
+    ar = gradients(model, batch, seed=5)
+    assert set(arm) == set(ar) and phi_names <= set(arm)
+    for name in arm:  # same draws: the backbone sees only pass 1, the masks differ
+        if name in phi_names:
+            assert not torch.equal(arm[name], ar[name])
+        else:
+            assert torch.equal(arm[name], ar[name]), name
+
+    model.objective.jacobian_gamma = 0.01
+    jacobian = gradients(model, batch, seed=5)
+    for name in phi_names:
+        assert torch.equal(jacobian[name], ar[name])
+    embedding = "embedding.item_embedding.weight"
+    assert not torch.equal(jacobian[embedding], ar[embedding])
+
+
+def test_denoise_operator_refuses_a_loss_without_the_estimator(small_config):
+    with pytest.raises(ValueError, match="--model=RecDenoiser"):
+        run(
+            "BSARec",
+            "tiny",
+            cmd_overrides=dict(small_config, epochs=1, attention_operator="denoise"),
+            saved=False,
+        )
+
+
+# --- end to end -----------------------------------------------------------------------------
+
+
+def test_recdenoiser_arm_bce_end_to_end_saves_masks_and_reloads(small_config):
+    overrides = dict(
+        small_config,
+        loss_type="BCE",
+        train_neg_sample_args={"distribution": "uniform", "sample_num": 1},
+    )
+    summary = run("RecDenoiser", "tiny", cmd_overrides=overrides)
+    assert summary["epochs_run"] == 2 and summary["config"]["estimator"] == "ARM"
+    assert all(0.0 <= value <= 1.0 for value in summary["test_result"].values())
+    report = summary["model_report"]["learned_masks"]
+    assert [entry["layer"] for entry in report] == [0, 1]
+    assert np.array(report[0]["mask"]).shape == (1, 12, 12)
+    assert all(0.0 <= entry["pruned_fraction"] <= 1.0 for entry in report)
+    saved = json.loads(Path(summary["summary_file"]).read_text())
+    assert saved["model_report"] == summary["model_report"]
+
+    config, train, _, test = prepare("RecDenoiser", overrides)
+    trainer = Trainer(config, RecDenoiser(config, train._dataset))
+    reloaded = trainer.evaluate(test, load_best_model=True, model_file=summary["checkpoint"])
+    assert dict(reloaded) == summary["test_result"]
+    assert trainer.model.learned_masks()[1]["pruned_fraction"] == report[1]["pruned_fraction"]
+
+
+@pytest.mark.parametrize(
+    "model, overrides",
+    [
+        ("RecDenoiser", {"estimator": "AR", "mask_per_head": True, "mask_sampling": "sequence"}),
+        ("RecDenoiser", {"estimator": "AR", "backbone": "BSARec", "jacobian_gamma": 0.01}),
+        ("BERT4RecDenoiser", {"estimator": "ARM"}),
+        ("BERT4RecDenoiser", {"estimator": "AR", "loss_type": "BCE"}),
+    ],
+    ids=["sasrec-ar-per-head", "bsarec-ar", "bert4rec-arm", "bert4rec-ar-bce"],
+)
+def test_backbones_and_estimators_train_through_recbole(small_config, model, overrides):
+    summary = run(
+        model, "tiny", cmd_overrides=dict(small_config, epochs=1, **overrides), saved=False
+    )
+    assert summary["epochs_run"] == 1 and np.isfinite(summary["history"][0]["train_loss"])
+    assert len(summary["model_report"]["learned_masks"]) == 2
+
+
+def test_uni100_protocol_file(small_config):
+    protocol = properties_dir() / "protocol" / "uni100.yaml"
+    summary = run(
+        "RecDenoiser",
+        "tiny",
+        config_files=[str(protocol)],
+        cmd_overrides=dict(small_config, epochs=1),
+        saved=False,
+    )
+    assert summary["config"]["eval_args"]["mode"] == {"valid": "uni100", "test": "uni100"}
+    assert summary["valid_metric"] == "NDCG@10" and "hit@10" in summary["test_result"]
+    full = properties_dir() / "protocol" / "full_sort.yaml"
+    assert "mode: full" in full.read_text()
+
+
+# --- noise ----------------------------------------------------------------------------------
+
+
+def histories_of(dataset):
+    feat = dataset.inter_feat
+    return {key: feat[key].clone() for key in ("user_id", "item_id", "item_id_list", "item_length")}
+
+
+def test_noise_corrupts_the_given_fraction_reproducibly_and_leaves_evaluation_clean(
+    small_config,
+):
+    _, train, valid, test = prepare("SASRec", small_config)
+    datasets = [loader._dataset for loader in (train, valid, test)]
+    clean = [histories_of(d) for d in datasets]
+    stats = corrupt_sequences(*datasets, ratio=0.2, seed=11, scope="train")
+    noisy_train = histories_of(datasets[0])
+    assert stats["replaced"] == round(0.2 * stats["training_interactions"])
+    # Validation and test rows are untouched.
+    for before, dataset in zip(clean[1:], datasets[1:]):
+        after = histories_of(dataset)
+        assert all(torch.equal(before[k], after[k]) for k in before)
+    # Each interaction changed once: count it in the per-user sequences (first rows'
+    # history item + every target), and check every history is a window of them.
+    changed = (noisy_train["item_id"] != clean[0]["item_id"]).sum().item()
+    first = clean[0]["item_length"] == 1
+    changed += (
+        (noisy_train["item_id_list"][first, 0] != clean[0]["item_id_list"][first, 0]).sum().item()
+    )
+    assert changed == stats["replaced"]
+    corrupt_sequences(*datasets, ratio=0.0, seed=0)  # re-checks the prefix layout
+    held_out = {}
+    for dataset in datasets[1:]:
+        for u, i in zip(
+            dataset.inter_feat["user_id"].tolist(), dataset.inter_feat["item_id"].tolist()
+        ):
+            held_out.setdefault(u, set()).add(i)
+    replaced = noisy_train["item_id"] != clean[0]["item_id"]
+    for u, i in zip(
+        noisy_train["user_id"][replaced].tolist(), noisy_train["item_id"][replaced].tolist()
+    ):
+        assert i not in held_out.get(u, set()) and i != 0
+
+    # Same seed, same corruption; another seed, another one.
+    _, train2, valid2, test2 = prepare("SASRec", small_config)
+    again = [loader._dataset for loader in (train2, valid2, test2)]
+    corrupt_sequences(*again, ratio=0.2, seed=11)
+    assert torch.equal(histories_of(again[0])["item_id_list"], noisy_train["item_id_list"])
+    _, train3, valid3, test3 = prepare("SASRec", small_config)
+    other = [loader._dataset for loader in (train3, valid3, test3)]
+    corrupt_sequences(*other, ratio=0.2, seed=12)
+    assert not torch.equal(histories_of(other[0])["item_id"], noisy_train["item_id"])
+
+
+def test_noise_observed_scope_shares_corrupted_histories_with_evaluation(small_config):
+    _, train, valid, test = prepare("SASRec", small_config)
+    datasets = [loader._dataset for loader in (train, valid, test)]
+    clean = [histories_of(d) for d in datasets]
+    corrupt_sequences(*datasets, ratio=0.3, seed=3, scope="observed")
+    for before, dataset in zip(clean[1:], datasets[1:]):
+        after = histories_of(dataset)
+        assert torch.equal(before["item_id"], after["item_id"])  # targets stay clean
+        assert not torch.equal(before["item_id_list"], after["item_id_list"])
+    # A validation history ends with the user's (corrupted) last training target.
+    train_feat, valid_feat = datasets[0].inter_feat, datasets[1].inter_feat
+    last_target = {}
+    order = torch.argsort(train_feat["timestamp"], stable=True).tolist()
+    for u, i in zip(train_feat["user_id"][order].tolist(), train_feat["item_id"][order].tolist()):
+        last_target[u] = i
+    for u, hist, length in zip(
+        valid_feat["user_id"].tolist(), valid_feat["item_id_list"], valid_feat["item_length"]
+    ):
+        assert hist[length - 1].item() == last_target[u]
+
+
+def test_noise_switch_runs_end_to_end(small_config):
+    summary = run(
+        "SASRec", "tiny", cmd_overrides=dict(small_config, epochs=1, noise_ratio=0.2), saved=False
+    )
+    assert summary["noise"]["replaced"] == round(0.2 * summary["noise"]["training_interactions"])
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def recdenoiser_setup(small_config):
+    config, train, _, _ = prepare("RecDenoiser", small_config)
+    return config, train._dataset
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("estimator", "REINFORCE", "estimator='REINFORCE' is unknown; choose 'ARM'"),
+        ("backbone", "GRU4Rec", "backbone='GRU4Rec' is unknown for RecDenoiser"),
+        ("backbone", "BERT4Rec", "use --model=BERT4RecDenoiser"),
+        ("sparsity_beta", -0.1, "sparsity_beta=-0.1 must be a finite number >= 0"),
+        ("jacobian_gamma", -1e-3, "jacobian_gamma=-0.001 must be a finite number >= 0"),
+        ("jacobian_projections", 0, "jacobian_projections=0 must be an integer >= 1"),
+        ("mask_sampling", "token", "mask_sampling='token' is unknown"),
+        ("mask_init_prob", 1.0, r"mask_init_prob=1.0 must lie in \(0, 1\)"),
+        ("loss_type", "BCE", "needs sampled negatives"),
+    ],
+)
+def test_bad_model_settings_are_rejected_with_the_fix(recdenoiser_setup, key, value, message):
+    config, dataset = recdenoiser_setup
+    config[key] = value
+    with pytest.raises(ValueError, match=message):
+        RecDenoiser(config, dataset)
+
+
+def test_bert4rec_denoiser_rejects_a_sasrec_backbone(small_config):
+    config, train, _, _ = prepare("BERT4RecDenoiser", small_config)
+    config["backbone"] = "SASRec"
+    with pytest.raises(ValueError, match="use --model=RecDenoiser"):
+        BERT4RecDenoiser(config, train._dataset)
+
+
+@pytest.mark.parametrize("ratio", [1.0, -0.1, 1.5])
+def test_noise_ratio_outside_unit_interval_is_rejected(small_config, ratio):
+    with pytest.raises(ValueError, match=rf"noise_ratio={ratio} must lie in \[0, 1\)"):
+        run("SASRec", "tiny", cmd_overrides=dict(small_config, noise_ratio=ratio), saved=False)
+
+
+def test_operator_is_registered_for_any_model():
+    operator = DenoisingMaskAttention(5, 2, 0.0, estimator="ar", mask_per_head=True)
+    assert operator.estimator == "AR" and operator.phi.shape == (2, 5, 5)
+    assert torch.allclose(operator.keep_probability(), torch.full((2, 5, 5), 0.9))
