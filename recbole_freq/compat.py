@@ -20,7 +20,12 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
    under copy-on-write) and loudly (id remapping on datasets with ``.user``/``.item``
    files).  There is no safe patch for a silent change, so we require pandas < 3 and say
    so at import time.
-4. RecBole's wheel pins ``ray<=2.6.3``, which cannot import on numpy 2.  RecBole itself
+4. Importing RecBole's sequential models runs ``sine.py``, which calls
+   ``torch.autograd.set_detect_anomaly(True)`` for the whole process: every later
+   backward pass of every model is checked and traced, several times slower, with
+   identical results.  We import that package once here and restore the anomaly setting
+   the caller had.
+5. RecBole's wheel pins ``ray<=2.6.3``, which cannot import on numpy 2.  RecBole itself
    never imports Ray outside its own ``run_hyper`` path, so the plugin installs RecBole
    with ``--no-deps`` next to a current Ray (see README); nothing to patch here.
 
@@ -132,6 +137,15 @@ def _patch_recbole_checkpoint_loading() -> None:
     trainer_module.Trainer._save_checkpoint = _save_checkpoint
 
 
+def _contain_sine_anomaly_detection() -> None:
+    import torch
+
+    enabled = torch.is_anomaly_enabled()
+    import recbole.model.sequential_recommender  # noqa: F401  (runs sine.py once)
+
+    torch.autograd.set_detect_anomaly(enabled)
+
+
 def apply() -> None:
     """Install every fix once; safe to call repeatedly."""
     global _applied
@@ -140,4 +154,5 @@ def apply() -> None:
     _restore_numpy_aliases()
     _require_pandas_below_3()
     _patch_recbole_checkpoint_loading()
+    _contain_sine_anomaly_detection()
     _applied = True

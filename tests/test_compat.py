@@ -71,3 +71,17 @@ def test_importing_recbole_freq_restores_everything_in_a_fresh_process():
     )
     assert result.returncode == 0, result.stderr
     assert "float64" in result.stdout
+
+
+def test_recbole_builtins_leave_autograd_anomaly_detection_off():
+    # RecBole's sine.py switches it on at import; it slows every backward pass.
+    code = (
+        "import torch, recbole_freq; from recbole_freq.config import get_model_class;"
+        "get_model_class('SASRec'); from recbole.model.sequential_recommender import sine;"
+        "print(torch.is_anomaly_enabled())"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
