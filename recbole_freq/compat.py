@@ -29,6 +29,11 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
    never imports Ray outside its own ``run_hyper`` path, so the plugin installs RecBole
    with ``--no-deps`` next to a current Ray (see README); nothing to patch here.
 
+6. ``recbole.utils.ensure_dir`` checks ``os.path.exists`` and then calls ``os.makedirs``,
+   so two runs starting together (parallel Ray trials, comparison workers) crash with
+   ``FileExistsError`` on ``log/<model>``.  Every module that imported it gets a version
+   that creates the folder with ``exist_ok=True``.
+
 ``apply()`` is idempotent and runs when ``recbole_freq`` is imported.
 """
 
@@ -146,6 +151,27 @@ def _contain_sine_anomaly_detection() -> None:
     torch.autograd.set_detect_anomaly(enabled)
 
 
+def ensure_dir_race_free(dir_path: str) -> None:
+    """RecBole's ``ensure_dir`` without the check-then-create race (fix 6)."""
+    os.makedirs(dir_path, exist_ok=True)
+
+
+def _make_ensure_dir_race_free() -> None:
+    import importlib
+
+    for name in (
+        "recbole.utils.utils",
+        "recbole.utils",
+        "recbole.utils.logger",
+        "recbole.trainer.trainer",
+        "recbole.data.dataset.dataset",
+        "recbole.data.utils",
+    ):
+        module = importlib.import_module(name)
+        if hasattr(module, "ensure_dir"):
+            module.ensure_dir = ensure_dir_race_free
+
+
 def apply() -> None:
     """Install every fix once; safe to call repeatedly."""
     global _applied
@@ -155,4 +181,5 @@ def apply() -> None:
     _require_pandas_below_3()
     _patch_recbole_checkpoint_loading()
     _contain_sine_anomaly_detection()
+    _make_ensure_dir_race_free()
     _applied = True

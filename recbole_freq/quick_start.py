@@ -12,9 +12,11 @@ import logging
 import os
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from recbole.data import create_dataset, data_preparation
+from recbole.data.utils import create_samplers, get_dataloader
 from recbole.utils import get_trainer, init_logger, init_seed
 
 from recbole_freq.config import FreqConfig, UnknownModelError, get_model_class
@@ -94,6 +96,7 @@ def run(
     )
     logger.info(model_instance)
     trainer = get_trainer(config["MODEL_TYPE"], config["model"])(config, model_instance)
+    trainer.saved_model_file = unique_checkpoint_path(config)
     recorder = TrainingRecorder(trainer)
 
     best_valid_score, best_valid_result = trainer.fit(
@@ -101,6 +104,9 @@ def run(
     )
     test_result = trainer.evaluate(
         test_data, load_best_model=saved, show_progress=config["show_progress"]
+    )
+    extra_test_results = evaluate_extra_test_modes(
+        config, recbole_dataset, (train_data, valid_data, test_data), trainer, saved
     )
     n_epochs = len(recorder.epochs)
     summary = {
@@ -122,6 +128,8 @@ def run(
         "history": recorder.epochs,
         "config": {key: _jsonable(config[key]) for key in config.final_config_dict},
     }
+    if extra_test_results:
+        summary["extra_test_results"] = extra_test_results
     if noise:
         summary["noise"] = noise
     # Optional model hook: what a model wants kept with the run (e.g. learned masks).
@@ -134,6 +142,55 @@ def run(
         temporary.write_text(json.dumps(summary, indent=2, default=str))
         os.replace(temporary, summary_file)
     return summary
+
+
+def unique_checkpoint_path(config) -> str:
+    """RecBole names checkpoints ``<model>-<time to the second>.pth``, so two runs started
+    in the same second (parallel trials, comparison workers) overwrite each other; add the
+    dataset and a random suffix."""
+    stamp = time.strftime("%b-%d-%Y_%H-%M-%S")
+    name = f"{config['model']}-{config['dataset']}-{stamp}-{uuid.uuid4().hex[:8]}.pth"
+    return str(Path(config["checkpoint_dir"]) / name)
+
+
+def evaluate_extra_test_modes(config, recbole_dataset, loaders, trainer, saved) -> dict:
+    """Test the trained model under more RecBole evaluation modes than the one it was
+    validated with, on the same split: ``extra_test_modes: [uni100]`` adds the sampled
+    protocol (100 uniform negatives per user, as in the Rec-Denoiser and SASRec papers) to
+    a full-sort run without training again.  Negatives are drawn after re-seeding, so
+    the result is reproducible.  The split datasets are the run's own (noise included)."""
+    modes = config["extra_test_modes"] or []
+    if isinstance(modes, str):
+        modes = [modes]
+    results = {}
+    original_mode = dict(config["eval_args"]["mode"])
+    original_neg_args = config["test_neg_sample_args"]
+    try:
+        for mode in modes:
+            if not isinstance(mode, str) or not (
+                mode == "full" or (mode[:3] in ("uni", "pop") and mode[3:].isdigit())
+            ):
+                raise ValueError(
+                    f"extra_test_modes entry {mode!r} is not a RecBole evaluation mode: "
+                    "use full, uni<N> or pop<N> (e.g. uni100)"
+                )
+            config["eval_args"]["mode"] = {**original_mode, "test": mode}
+            config._set_eval_neg_sample_args("test")
+            init_seed(config["seed"], config["reproducibility"])
+            built = [loader._dataset for loader in loaders]
+            test_sampler = create_samplers(config, recbole_dataset, built)[2]
+            test_data = get_dataloader(config, "test")(
+                config, built[2], test_sampler, shuffle=False
+            )
+            results[mode] = dict(
+                trainer.evaluate(
+                    test_data, load_best_model=saved, show_progress=config["show_progress"]
+                )
+            )
+    finally:
+        config["eval_args"]["mode"] = original_mode
+        config["test_neg_sample_args"] = original_neg_args
+    return results
 
 
 def _jsonable(value):

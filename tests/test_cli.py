@@ -112,3 +112,26 @@ def test_entry_point_script_exits_non_zero_on_unknown_model(tmp_path):
     assert result.returncode == 2
     assert "unknown model 'Nope'" in result.stderr and "BSARec" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_extra_test_modes_add_the_sampled_protocol_without_retraining(small_config):
+    from recbole_freq.quick_start import run
+
+    config = dict(small_config, epochs=1, extra_test_modes=["uni100"])
+    summary = run("SASRec", "tiny", config_dict=config)
+    sampled = summary["extra_test_results"]["uni100"]
+    assert set(sampled) == set(summary["test_result"])
+    # 39 items exist, so "100 negatives" means every other item: the same ranking as
+    # full sort (RecBole's uniform sampler draws without the positive).
+    for metric, value in summary["test_result"].items():
+        assert sampled[metric] >= value - 1e-4
+    again = run("SASRec", "tiny", config_dict=config)
+    assert again["extra_test_results"] == summary["extra_test_results"]
+    assert again["checkpoint"] != summary["checkpoint"]
+
+
+def test_unknown_extra_test_mode_is_an_error(small_config):
+    from recbole_freq.quick_start import run
+
+    with pytest.raises(ValueError, match="not a RecBole evaluation mode"):
+        run("SASRec", "tiny", config_dict=dict(small_config, epochs=1, extra_test_modes=["x5"]))

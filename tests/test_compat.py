@@ -85,3 +85,16 @@ def test_recbole_builtins_leave_autograd_anomaly_detection_off():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_recbole_ensure_dir_tolerates_a_folder_created_meanwhile(tmp_path, monkeypatch):
+    import recbole.utils.logger
+    import recbole.utils.utils
+
+    folder = tmp_path / "log" / "SASRec"
+    folder.mkdir(parents=True)
+    # Another process created the folder between RecBole's existence check and makedirs.
+    monkeypatch.setattr("os.path.exists", lambda path: False)
+    for ensure_dir in (recbole.utils.utils.ensure_dir, recbole.utils.logger.ensure_dir):
+        ensure_dir(str(folder))
+    assert folder.is_dir()
