@@ -73,6 +73,13 @@ def run_grid(args, folder: Path):
             print(f"wrote {target}")
 
 
+def metric_value(run: dict, source: str, metric: str) -> float:
+    """Test ``metric`` of a run under full sort or the sampled protocol."""
+    if source == "full":
+        return run["test_result"][metric]
+    return run["extra_test_results"][source][metric]
+
+
 def report(folder: Path, dataset: str) -> str:
     import matplotlib
 
@@ -103,17 +110,20 @@ def report(folder: Path, dataset: str) -> str:
             r = by_key.get((model, ratio))
             if r is None:
                 continue
-            full = " | ".join(f"{r['test_result'][m]:.4f}" for m in METRICS)
-            sampled = " | ".join(
-                f"{r['extra_test_results']['uni100'][m]:.4f}" for m in METRICS
-            )
+            full = " | ".join(f"{metric_value(r, 'full', m):.4f}" for m in METRICS)
+            sampled = " | ".join(f"{metric_value(r, 'uni100', m):.4f}" for m in METRICS)
             lines.append(
                 f"| {ratio:.0%} | {model} | {full} | {sampled} | "
                 f"{r['train_seconds_per_epoch']:.0f} |"
             )
     relative = ["", "Relative change of RecDenoiser over SASRec (test, same noise):", ""]
-    relative.append("| noise | " + " | ".join(f"full {m}" for m in METRICS) + " | "
-                    + " | ".join(f"uni100 {m}" for m in METRICS) + " |")
+    relative.append(
+        "| noise | "
+        + " | ".join(f"full {m}" for m in METRICS)
+        + " | "
+        + " | ".join(f"uni100 {m}" for m in METRICS)
+        + " |"
+    )
     relative.append("|---|" + "---|" * (2 * len(METRICS)))
     for ratio in ratios:
         base, ours = by_key.get(("SASRec", ratio)), by_key.get(("RecDenoiser", ratio))
@@ -122,10 +132,8 @@ def report(folder: Path, dataset: str) -> str:
         cells = []
         for source in ("full", "uni100"):
             for m in METRICS:
-                get = (lambda r: r["test_result"][m]) if source == "full" else (
-                    lambda r: r["extra_test_results"]["uni100"][m]
-                )
-                cells.append(f"{(get(ours) / get(base) - 1) * 100:+.1f}%" if get(base) else "-")
+                value, reference = metric_value(ours, source, m), metric_value(base, source, m)
+                cells.append(f"{(value / reference - 1) * 100:+.1f}%" if reference else "-")
         relative.append(f"| {ratio:.0%} | " + " | ".join(cells) + " |")
     text = "\n".join(lines + relative)
 
@@ -133,12 +141,7 @@ def report(folder: Path, dataset: str) -> str:
     for axis, (source, metric) in zip(axes, (("full", "ndcg@10"), ("uni100", "hit@10"))):
         for model in models:
             points = [(q, by_key[(model, q)]) for q in ratios if (model, q) in by_key]
-            values = [
-                r["test_result"][metric]
-                if source == "full"
-                else r["extra_test_results"]["uni100"][metric]
-                for _, r in points
-            ]
+            values = [metric_value(r, source, metric) for _, r in points]
             axis.plot([q * 100 for q, _ in points], values, marker="o", label=model)
         axis.set_xlabel("training interactions replaced (%)")
         axis.set_title(f"test {metric} ({'full sort' if source == 'full' else '100 sampled'})")

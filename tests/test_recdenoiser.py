@@ -368,10 +368,44 @@ def test_backbone_gradients_come_from_the_first_pass_and_masks_get_no_jacobian_g
     assert not torch.equal(jacobian[embedding], ar[embedding])
 
 
-def test_denoise_operator_refuses_a_loss_without_the_estimator(small_config):
-    with pytest.raises(ValueError, match="--model=RecDenoiser"):
+SHARED_DENOISING = dict(
+    n_heads=2,
+    alpha=0.7,
+    c=3,
+    beta_type="vector",
+    hidden_dropout_prob=0.2,
+    attn_dropout_prob=0.2,
+    loss_type="CE",
+    attention_operator="denoise",
+    estimator="ARM",
+    sparsity_beta=0.01,
+    jacobian_gamma=0.001,
+    jacobian_projections=1,
+    mask_per_head=False,
+    mask_sampling="batch",
+    mask_init_prob=0.9,
+)
+
+
+def test_denoising_masks_are_one_config_line_on_bsarec(small_config):
+    """``--model=BSARec --attention_operator=denoise`` trains the masks exactly as
+    RecDenoiser with a BSARec backbone: same seed and settings, same model."""
+    overrides = dict(small_config, epochs=1, **SHARED_DENOISING)
+    composed = run("BSARec", "tiny", cmd_overrides=overrides)
+    plugin = run("RecDenoiser", "tiny", cmd_overrides=dict(overrides, backbone="BSARec"))
+    assert composed["test_result"] == plugin["test_result"]
+    masks = composed["model_report"]["learned_masks"]
+    assert [m["layer"] for m in masks] == [0, 1]
+    assert masks == plugin["model_report"]["learned_masks"]
+    # The masks moved away from their initial keep probability 0.9.
+    first = np.array(masks[0]["mask"])
+    assert np.abs(first[first > 0] - 0.9).max() > 1e-4
+
+
+def test_denoise_operator_refuses_polyrec_contrastive_loss(small_config):
+    with pytest.raises(ValueError, match="cl_weight: 0"):
         run(
-            "BSARec",
+            "PolyRec",
             "tiny",
             cmd_overrides=dict(small_config, epochs=1, attention_operator="denoise"),
             saved=False,

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
+import torch.nn.functional as F
 from recbole.model.abstract_recommender import SequentialRecommender
-from recbole.model.loss import BPRLoss
 from torch import nn
 
 from recbole_freq.model.layers import (
     ATTENTION_OPERATORS,
     RESIDUAL_PATHS,
+    DenoisingMaskAttention,
+    DenoisingObjective,
+    DenoisingPass,
     SequenceEmbedding,
     build_attention_mask,
     build_encoder,
@@ -74,7 +79,10 @@ class TransformerRecommender(SequentialRecommender):
             config["layer_norm_eps"],
         )
         self.encoder = build_encoder(**self.encoder_settings(config))
-        self.loss_fct = nn.CrossEntropyLoss() if self.loss_type == "CE" else BPRLoss()
+        self.objective = DenoisingObjective(
+            config_value(config, "jacobian_gamma", 0.0),
+            config_value(config, "jacobian_projections", 1),
+        )
         self.build_head(config)
         self.apply(lambda module: init_weights(module, self.initializer_range))
 
@@ -113,16 +121,55 @@ class TransformerRecommender(SequentialRecommender):
     def forward(self, item_seq: torch.Tensor, item_seq_len: torch.Tensor) -> torch.Tensor:
         return self.gather_indexes(self.encode(item_seq), item_seq_len - 1)
 
+    # --- training -------------------------------------------------------------------
+
     def calculate_loss(self, interaction):
-        seq_output = self.forward(interaction[self.ITEM_SEQ], interaction[self.ITEM_SEQ_LEN])
+        """Eq. 11 (CE) or BPR, plus every component's ``regularization_loss()``.
+
+        The loss goes through ``DenoisingObjective`` (Rec-Denoiser eq. 13) for every
+        model, so configuration alone adds Rec-Denoiser's pieces to any backbone:
+        ``attention_operator: denoise`` masks are learned with the ARM / AR estimator, and
+        ``jacobian_gamma > 0`` adds the Jacobian regulariser (eq. 12).  Without either it
+        is one ordinary forward pass.
+        """
+        return self.objective(self.encoder, lambda: self.training_pass(interaction))
+
+    def training_pass(self, interaction) -> DenoisingPass:
+        """One forward pass: the loss of each training sequence (summing to the batch
+        mean) and, for the Jacobian regulariser, every block's input and output."""
+        item_seq = interaction[self.ITEM_SEQ]
+        if self.objective.jacobian_gamma > 0:
+            inputs, outputs = self.run_encoder(item_seq)
+        else:
+            inputs, outputs = (), [self.encode(item_seq)]
+        seq_output = self.gather_indexes(outputs[-1], interaction[self.ITEM_SEQ_LEN] - 1)
         pos_items = interaction[self.POS_ITEM_ID]
-        if self.loss_type == "BPR":
-            neg_items = interaction[self.NEG_ITEM_ID]
+        if self.loss_type == "CE":
+            logits = seq_output @ self.item_embedding.weight.t()
+            losses = self.pointwise_losses("CE", None, logits=logits, targets=pos_items)
+        else:
             pos_score = (seq_output * self.item_embedding(pos_items)).sum(-1)
+            neg_items = interaction[self.NEG_ITEM_ID]
             neg_score = (seq_output * self.item_embedding(neg_items)).sum(-1)
-            return self.loss_fct(pos_score, neg_score) + self.regularization_loss()
-        logits = seq_output @ self.item_embedding.weight.t()
-        return self.loss_fct(logits, pos_items) + self.regularization_loss()
+            losses = self.pointwise_losses(self.loss_type, pos_score, neg_score)
+        return DenoisingPass(losses / losses.numel(), inputs, outputs, item_seq != 0)
+
+    def run_encoder(self, item_seq: torch.Tensor):
+        """Embedding and every block's output; returns (block inputs, block outputs)."""
+        mask = build_attention_mask(item_seq, self.bidirectional)
+        embedded = self.embedding(item_seq)
+        outputs = self.encoder(embedded, mask, output_all_layers=True)
+        return [embedded, *outputs[:-1]], outputs
+
+    @staticmethod
+    def pointwise_losses(loss_type, pos_score, neg_score=None, logits=None, targets=None):
+        """Unreduced loss per positive: CE over ``logits`` (eq. 11), BPR as RecBole's
+        ``BPRLoss``, or BCE of Rec-Denoiser eq. 4 (``-log s(pos) - log(1 - s(neg))``)."""
+        if loss_type == "CE":
+            return F.cross_entropy(logits, targets, reduction="none")
+        if loss_type == "BPR":
+            return -torch.log(1e-10 + torch.sigmoid(pos_score - neg_score))
+        return F.softplus(-pos_score) + F.softplus(neg_score)
 
     def regularization_loss(self):
         """Sum of the ``regularization_loss()`` terms that encoder components define
@@ -141,3 +188,67 @@ class TransformerRecommender(SequentialRecommender):
     def full_sort_predict(self, interaction):
         seq_output = self.forward(interaction[self.ITEM_SEQ], interaction[self.ITEM_SEQ_LEN])
         return seq_output @ self.item_embedding.weight.t()
+
+    # --- inspection -----------------------------------------------------------------
+
+    def learned_masks(self) -> list[dict]:
+        """Per attention layer with ``denoise`` masks, the deterministic inference mask
+        (section 4.1.2) and what it prunes.
+
+        ``mask`` / ``keep_probability``: ``(heads, n, n)`` tensors (one head unless
+        ``mask_per_head``), row = query, column = key, laid out as in the paper's
+        left-padded sequences: index ``n - 1`` is the most recent item, whose row is the
+        one that predicts the next item (see ``layers.mask_alignment_index``); links the
+        causal mask forbids are 0.  ``pruned_fraction``: share of the allowed links that
+        the inference mask removes; ``prediction_row_pruned_fraction`` the same for row
+        ``n - 1`` (which past items the prediction may use).
+        """
+        masks = []
+        for layer, block in enumerate(self.encoder.blocks):
+            operator = block.mixer.attention.operator
+            if not isinstance(operator, DenoisingMaskAttention):
+                continue
+            with torch.no_grad():
+                keep = operator.keep_probability().detach().cpu()
+                mask = operator.inference_mask().detach().cpu()
+            allowed = torch.ones_like(mask, dtype=torch.bool)
+            if not self.bidirectional:
+                allowed = allowed.tril()
+            mask = mask * allowed
+            kept = (mask > 0) & allowed
+            masks.append(
+                {
+                    "layer": layer,
+                    "mask": mask,
+                    "keep_probability": keep * allowed,
+                    "pruned_fraction": 1.0 - kept.sum().item() / allowed.sum().item(),
+                    "prediction_row_pruned_fraction": 1.0
+                    - kept[:, -1].sum().item() / allowed[:, -1].sum().item(),
+                }
+            )
+        return masks
+
+    def run_summary(self) -> dict:
+        """Added to the run summary by ``quick_start.run``: the learned masks of the
+        (best) model, JSON-ready, and their pruned fractions (also logged)."""
+        masks = self.learned_masks()
+        logger = logging.getLogger()
+        for entry in masks:
+            logger.info(
+                f"denoising masks, layer {entry['layer']}: pruned fraction "
+                f"{entry['pruned_fraction']:.3f} (prediction row "
+                f"{entry['prediction_row_pruned_fraction']:.3f})"
+            )
+        if not masks:
+            return {}
+        return {
+            "learned_masks": [
+                {
+                    "layer": entry["layer"],
+                    "pruned_fraction": entry["pruned_fraction"],
+                    "prediction_row_pruned_fraction": entry["prediction_row_pruned_fraction"],
+                    "mask": entry["mask"].numpy().round(4).tolist(),
+                }
+                for entry in masks
+            ]
+        }

@@ -973,9 +973,8 @@ class DenoisingMaskAttention(nn.Module):
             raise ValueError(
                 "attention_operator='denoise' learns its masks with the ARM / AR estimator, "
                 "which needs the loss of every forward pass, and this model's "
-                "calculate_loss does not run it; train denoising masks with "
-                "--model=RecDenoiser (--backbone=SASRec or BSARec) or "
-                "--model=BERT4RecDenoiser (--backbone=BERT4Rec or BSARec)"
+                "calculate_loss does not run it (PolyRec's contrastive loss mixes "
+                "sequences of the batch); use cl_weight: 0 with denoising masks"
             )
         if self.sparsity_beta == 0.0:
             return 0.0

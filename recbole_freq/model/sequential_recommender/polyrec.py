@@ -126,8 +126,9 @@ class PolyRec(TransformerRecommender):
         item_seq_len = interaction[self.ITEM_SEQ_LEN]
         targets = interaction[self.POS_ITEM_ID]
         if self.positive_sampler is None:
-            seq_output = self.forward(item_seq, item_seq_len)
-            return self.recommendation_loss(seq_output, interaction) + self.regularization_loss()
+            # Without CL, the core's loss: denoising masks and the Jacobian regulariser
+            # (Rec-Denoiser) then combine with PolyRec by configuration.
+            return super().calculate_loss(interaction)
         positive_seq, positive_len, _ = self.positive_sampler.positives(
             item_seq, item_seq_len, targets
         )
@@ -147,8 +148,9 @@ class PolyRec(TransformerRecommender):
             neg_items = interaction[self.NEG_ITEM_ID]
             pos_score = (seq_output * self.item_embedding(pos_items)).sum(-1)
             neg_score = (seq_output * self.item_embedding(neg_items)).sum(-1)
-            return self.loss_fct(pos_score, neg_score)
-        return self.loss_fct(seq_output @ self.item_embedding.weight.t(), pos_items)
+            return self.pointwise_losses("BPR", pos_score, neg_score).mean()
+        logits = seq_output @ self.item_embedding.weight.t()
+        return self.pointwise_losses("CE", None, logits=logits, targets=pos_items).mean()
 
     def contrastive_loss(self, anchor, positive, targets):
         """InfoNCE of eq. 16-17 with in-batch negatives.
