@@ -7,6 +7,7 @@ split and evaluation), so a comparison is one ``--model`` flag apart.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -281,7 +282,29 @@ def _default_job_files(args) -> list[str]:
 EXPECTED_ERRORS = (UnknownModelError, DatasetNotPreparedError, FileNotFoundError, ValueError)
 
 
+# Other jobs of the same entry point: the flag that selects one -> module with cli(argv).
+SUBCOMMANDS = {
+    "--hyper_file": "recbole_freq.tune",
+    "--compare": "recbole_freq.compare",
+    "--analyze": "recbole_freq.analysis",
+    "--recommend": "recbole_freq.recommend",
+}
+
+
+def selected_subcommand(argv: list[str]) -> str | None:
+    chosen = {
+        flag for flag in SUBCOMMANDS for arg in argv if arg == flag or arg.startswith(flag + "=")
+    }
+    if len(chosen) > 1:
+        raise SystemExit(f"error: {' and '.join(sorted(chosen))} are separate jobs; give one")
+    return chosen.pop() if chosen else None
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    subcommand = selected_subcommand(argv)
+    if subcommand:
+        return importlib.import_module(SUBCOMMANDS[subcommand]).cli(argv)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     overrides = parse_overrides(extra, parser)
