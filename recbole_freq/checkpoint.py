@@ -1,0 +1,353 @@
+"""Load RecBole checkpoints without running code from them.
+
+A RecBole checkpoint (``Trainer._save_checkpoint``) is ``torch.save`` of a dict with
+``config`` (the run's ``recbole.config.Config``), ``epoch``, ``cur_step``,
+``best_valid_score``, ``state_dict``, ``other_parameter`` and ``optimizer``.  The config
+is a pickled Python object, so the full pickle loader would execute whatever a crafted
+file asks for.
+
+torch's own ``weights_only=True`` unpickler cannot read these files at all: RecBole saves
+with ``pickle_protocol=4``, whose opcodes (``FRAME``, ``MEMOIZE``, ``STACK_GLOBAL``,
+``SHORT_BINUNICODE``) torch 2.x's weights-only unpickler rejects ("Unsupported operand
+149").  ``load_checkpoint`` therefore gives ``torch.load`` (its documented
+``pickle_module`` hook, so tensors and storages are still read by torch) a restricted
+unpickler built on the same principle: a global is resolved only if it is on an explicit
+allowlist, and only the harmless ones among them may be *called* (``REDUCE`` /
+``NEWOBJ``).  The allowlist is exactly what RecBole checkpoints hold:
+
+- the globals torch's weights-only unpickler allows itself (tensor rebuild functions,
+  dtypes, storages, ``OrderedDict``, ``torch.device``, ...), callable;
+
+- RecBole's enums (``ModelType``, ``InputType``, ``EvaluatorType``, ...), numpy scalars
+  and dtypes, callable (value look-ups);
+- the ``Config`` classes (RecBole's and ``FreqConfig``): only rebuilt as ``NEWOBJ`` (plain
+  ``object.__new__``, the constructor never runs) plus a ``__dict__`` update;
+- as plain references, never called: the yaml loader class the config keeps, and the
+  model class stored in ``config["model_class"]``, accepted only if it is a recommender
+  class defined in ``recbole.model`` or ``recbole_freq.model`` (installed code).
+
+Before anything is unpickled, the file's pickle stream is scanned (parsed, not run) for
+the globals it names; a checkpoint naming anything else is refused with
+``UntrustedCheckpointError`` and is never unpickled.  The full (unsafe) loader stays
+reserved for files the same process wrote (``recbole_freq.compat``), and is not used here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import os
+import pickle
+import pickletools
+import types
+import zipfile
+from pathlib import Path
+
+from recbole_freq.compat import UntrustedCheckpointError
+
+__all__ = [
+    "CheckpointError",
+    "UntrustedCheckpointError",
+    "load_checkpoint",
+    "pickled_globals",
+    "allowed_globals",
+]
+
+MODEL_PACKAGES = ("recbole.model.", "recbole_freq.model.")
+CHECKPOINT_KEYS = ("config", "state_dict")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, unreadable or not a RecBole checkpoint."""
+
+
+def _fixed_allowlist() -> dict[tuple[str, str], tuple[object, str]]:
+    """``(module, name) -> (object, use)``; use is ``call``, ``new`` or ``reference``."""
+    import numpy as np
+    import torch
+    import yaml
+    from recbole.config import Config
+    from recbole.utils import enum_type
+    from torch._weights_only_unpickler import _get_allowed_globals
+
+    from recbole_freq.config import FreqConfig
+
+    callables = [torch.device, np.dtype, np._core.multiarray.scalar]
+    callables += [
+        getattr(enum_type, name)
+        for name in (
+            "ModelType",
+            "InputType",
+            "EvaluatorType",
+            "FeatureType",
+            "FeatureSource",
+            "KGDataLoaderState",
+        )
+    ]
+    # numpy >= 1.25 pickles a dtype through its class (``numpy.dtypes.Float64DType`` ...).
+    callables += [type(np.dtype(code)) for code in "?bhilqBHILQefdgFDGUSO"]
+    allow = {(obj.__module__, obj.__qualname__): (obj, "call") for obj in callables}
+    # Older numpy pickles name numpy.core.multiarray.scalar.
+    allow[("numpy.core.multiarray", "scalar")] = (np._core.multiarray.scalar, "call")
+    # What torch's weights-only unpickler itself resolves and calls (tensor rebuilding).
+    for qualified, obj in _get_allowed_globals().items():
+        module, _, name = qualified.rpartition(".")
+        allow.setdefault((module, name), (obj, "call"))
+    for config_class in (Config, FreqConfig):
+        allow[(config_class.__module__, config_class.__qualname__)] = (config_class, "new")
+    for loader in (yaml.loader.FullLoader, yaml.loader.Loader, yaml.loader.SafeLoader):
+        allow[(loader.__module__, loader.__qualname__)] = (loader, "reference")
+    return allow
+
+
+def pickled_globals(path: str | os.PathLike) -> list[tuple[str, str]]:
+    """``(module, name)`` of every global a ``torch.save`` file's pickle names.
+
+    The pickle is parsed with ``pickletools.genops`` (a parser; nothing is executed).
+    ``STACK_GLOBAL`` takes its module and name from the two values pushed before it,
+    which may be memo references, so strings are tracked through the memo.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = [n for n in archive.namelist() if n.endswith("/data.pkl")]
+            if len(names) != 1:
+                raise CheckpointError(
+                    f"{path} is not a torch checkpoint (no single data.pkl in the archive)"
+                )
+            data = archive.read(names[0])
+    except zipfile.BadZipFile as error:
+        raise CheckpointError(
+            f"{path} is not a checkpoint written by torch.save (not a zip archive); only "
+            "RecBole .pth checkpoints are accepted"
+        ) from error
+    found, pushed, memo = [], [], {}
+    try:
+        for opcode, arg, _ in pickletools.genops(io.BytesIO(data)):
+            name = opcode.name
+            if name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
+                pushed.append(arg)
+            elif name in ("BINGET", "LONG_BINGET", "GET"):
+                pushed.append(memo.get(int(arg)))
+            elif name == "MEMOIZE":
+                memo[len(memo)] = pushed[-1] if pushed else None
+            elif name in ("BINPUT", "LONG_BINPUT", "PUT"):
+                memo[int(arg)] = pushed[-1] if pushed else None
+            elif name == "GLOBAL":
+                module, _, attribute = arg.partition(" ")
+                found.append((module, attribute))
+                pushed.append(None)
+            elif name == "STACK_GLOBAL":
+                module, attribute = (pushed[-2], pushed[-1]) if len(pushed) > 1 else (None,) * 2
+                if not isinstance(module, str) or not isinstance(attribute, str):
+                    raise CheckpointError(f"{path}: cannot resolve a global in its pickle")
+                found.append((module, attribute))
+                pushed.append(None)
+            elif name in ("INST", "OBJ"):
+                found.append(("<opcode>", name))  # protocol-0 object building: never allowed
+            elif opcode.stack_after:
+                pushed.append(None)
+    except CheckpointError:
+        raise
+    except Exception as error:  # a truncated or corrupt stream
+        raise CheckpointError(f"{path}: its pickle stream is corrupt ({error})") from error
+    return sorted(set(found))
+
+
+def _model_class(module: str, name: str):
+    """The recommender class ``module.name`` if it is one of RecBole's or the plugin's."""
+    if not module.startswith(MODEL_PACKAGES) or "." in name:
+        return None
+    try:
+        candidate = getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+    from recbole.model.abstract_recommender import AbstractRecommender
+
+    if isinstance(candidate, type) and issubclass(candidate, AbstractRecommender):
+        return candidate
+    return None
+
+
+def allowed_globals(names) -> dict[tuple[str, str], tuple[object, str]]:
+    """The allowlist entries for ``names``; ``UntrustedCheckpointError`` for any other."""
+    fixed = _fixed_allowlist()
+    allow, refused = {}, []
+    for module, name in names:
+        if (module, name) in fixed:
+            allow[(module, name)] = fixed[(module, name)]
+        elif (model := _model_class(module, name)) is not None:
+            allow[(module, name)] = (model, "reference")
+        else:
+            refused.append(f"{module}.{name}")
+    if refused:
+        raise UntrustedCheckpointError(
+            f"refusing to load: the checkpoint's pickle names {', '.join(refused)}, which a "
+            "RecBole checkpoint never contains (only its Config, RecBole enums, torch "
+            "devices, numpy scalars, tensors and a recommender class of recbole or "
+            "recbole_freq). It may run code when unpickled; nothing was loaded."
+        )
+    return allow
+
+
+def _restricted_pickle_module(allow: dict) -> types.ModuleType:
+    """A ``pickle``-like module whose ``Unpickler`` resolves only the globals in ``allow``,
+    calls (``REDUCE``) only its ``call`` entries and instantiates (``NEWOBJ``) only its
+    ``call`` and ``new`` entries.
+
+    Built on the pure-Python unpickler, whose opcode table can be overridden; the pickle
+    stream of a checkpoint is small (tensor data lives in separate archive records)."""
+    base = pickle._Unpickler
+    callable_ids = {id(obj) for obj, use in allow.values() if use == "call"}
+    newable_ids = callable_ids | {id(obj) for obj, use in allow.values() if use == "new"}
+
+    def refuse(what: str):
+        raise UntrustedCheckpointError(f"refusing to load: the checkpoint's pickle {what}")
+
+    class RestrictedUnpickler(base):
+        dispatch = dict(base.dispatch)
+
+        def find_class(self, module, name):
+            entry = allow.get((module, name))
+            if entry is None:
+                refuse(f"names {module}.{name}, which is not on the allowlist")
+            return entry[0]
+
+        def load_reduce(self):
+            if id(self.stack[-2]) not in callable_ids:
+                refuse(f"calls {self.stack[-2]!r}, which may not be called")
+            base.load_reduce(self)
+
+        def load_newobj(self):
+            if id(self.stack[-2]) not in newable_ids:
+                refuse(f"instantiates {self.stack[-2]!r}, which may not be instantiated")
+            base.load_newobj(self)
+
+        def load_newobj_ex(self):
+            if id(self.stack[-3]) not in newable_ids:
+                refuse(f"instantiates {self.stack[-3]!r}, which may not be instantiated")
+            base.load_newobj_ex(self)
+
+        def load_refused(self):
+            refuse("uses INST / OBJ object building, which RecBole checkpoints never do")
+
+        dispatch[pickle.REDUCE[0]] = load_reduce
+        dispatch[pickle.NEWOBJ[0]] = load_newobj
+        dispatch[pickle.NEWOBJ_EX[0]] = load_newobj_ex
+        dispatch[pickle.INST[0]] = load_refused
+        dispatch[pickle.OBJ[0]] = load_refused
+
+    module = types.ModuleType("recbole_freq_restricted_pickle")
+    module.Unpickler = RestrictedUnpickler
+    return module
+
+
+def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
+    """Load a RecBole checkpoint safely (see the module docstring) onto ``map_location``.
+
+    Raises ``FileNotFoundError`` for a missing file, ``CheckpointError`` for a file that
+    is not a RecBole checkpoint and ``UntrustedCheckpointError`` for one that names
+    anything outside the allowlist.
+    """
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"checkpoint {str(path)!r} does not exist (RecBole writes them to "
+            "checkpoint_dir, saved/ by default)"
+        )
+    # First refusal point: the globals the stream names, found without unpickling.
+    restricted = _restricted_pickle_module(allowed_globals(pickled_globals(path)))
+    try:
+        # weights_only=False only because a pickle_module is given: every global, call
+        # and instantiation goes through the restricted unpickler.
+        checkpoint = torch.load(
+            path, map_location=map_location, pickle_module=restricted, weights_only=False
+        )
+    except UntrustedCheckpointError:
+        raise
+    except Exception as error:
+        raise CheckpointError(f"cannot read checkpoint {str(path)!r}: {error}") from error
+    from recbole.config import Config
+
+    if not isinstance(checkpoint, dict) or any(k not in checkpoint for k in CHECKPOINT_KEYS):
+        raise CheckpointError(
+            f"{str(path)!r} is not a RecBole checkpoint: expected a dict with "
+            f"{list(CHECKPOINT_KEYS)}"
+        )
+    if not isinstance(checkpoint["config"], Config):
+        raise CheckpointError(f"{str(path)!r}: its 'config' is not a RecBole Config")
+    state = checkpoint["state_dict"]
+    if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
+        raise CheckpointError(f"{str(path)!r}: its 'state_dict' does not hold only tensors")
+    return checkpoint
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint whose weights do not fit the dataset it is being used with."""
+
+
+def restore_model(path, data_path=None, device="cpu"):
+    """Rebuild a trained model and its data from a checkpoint, loaded safely.
+
+    The dataset is rebuilt from the checkpoint's own config (same dataset name, filters,
+    split and ``MAX_ITEM_LIST_LENGTH``) with RecBole's ``create_dataset`` and
+    ``data_preparation``; ``data_path`` (the folder that holds ``<dataset>/``) replaces
+    the path recorded at training time.  Every weight of the checkpoint must fit the model
+    built on that dataset (same names and shapes, e.g. as many item embeddings as the
+    dataset has items), else ``CheckpointMismatchError`` says what differs.
+
+    Returns ``(model, config, dataset, (train_data, valid_data, test_data), checkpoint)``;
+    the model is in evaluation mode on ``device``.
+    """
+    import torch
+    from recbole.data import create_dataset, data_preparation
+    from recbole.utils import init_seed
+
+    from recbole_freq.config import get_model_class
+    from recbole_freq.data import check_prepared
+
+    checkpoint = load_checkpoint(path)
+    config = checkpoint["config"]
+    if data_path is not None:
+        config["data_path"] = os.path.join(str(data_path), config["dataset"])
+    config["device"] = torch.device(device)
+    config["show_progress"] = False
+    check_prepared(config)
+    init_seed(config["seed"], config["reproducibility"])
+    dataset = create_dataset(config)
+    loaders = data_preparation(config, dataset)
+    init_seed(config["seed"], config["reproducibility"])
+    model = get_model_class(config["model"])(config, loaders[0]._dataset)
+    _check_state_fits(model, checkpoint["state_dict"], path, config, dataset)
+    model.load_state_dict(checkpoint["state_dict"])
+    model.load_other_parameter(checkpoint.get("other_parameter"))
+    model.to(config["device"]).eval()
+    return model, config, dataset, loaders, checkpoint
+
+
+def _check_state_fits(model, state: dict, path, config, dataset) -> None:
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    shapes = [
+        f"{name}: checkpoint {tuple(state[name].shape)}, model {tuple(expected[name].shape)}"
+        for name in expected
+        if name in state and state[name].shape != expected[name].shape
+    ]
+    if not (missing or unexpected or shapes):
+        return
+    problems = []
+    if shapes:
+        problems.append("shapes differ (" + "; ".join(shapes[:5]) + ")")
+    if missing:
+        problems.append(f"weights missing from the checkpoint: {', '.join(missing[:5])}")
+    if unexpected:
+        problems.append(f"weights the model does not have: {', '.join(unexpected[:5])}")
+    raise CheckpointMismatchError(
+        f"checkpoint {str(path)!r} ({config['model']}) does not fit dataset "
+        f"{config['dataset']!r} at {config['data_path']} ({dataset.user_num - 1} users, "
+        f"{dataset.item_num - 1} items): {'; '.join(problems)}. It was trained on other "
+        "data (or another version of it): point --data_path at the folder holding the "
+        "dataset it was trained on."
+    )

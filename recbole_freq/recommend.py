@@ -1,0 +1,300 @@
+"""Top-k recommendations from a trained checkpoint: ``run_recbole_freq.py --recommend``.
+
+Users and items are RecBole's external tokens (the ids of the ``.inter`` file), never its
+internal ids.  The checkpoint is loaded safely (``recbole_freq.checkpoint``) and its
+dataset rebuilt from the checkpoint's config, so the model sees the sequences it was
+trained to read.
+
+What the model reads (``context``):
+
+- ``next`` (default): each user's whole known history, i.e. the last
+  ``MAX_ITEM_LIST_LENGTH`` items of all their interactions in the dataset (training,
+  validation and test parts): the recommendation for the item after the last one.
+- ``test``: the input of RecBole's test evaluation, i.e. the history before each user's
+  held-out test item (the test split's sequence).  Useful to inspect what the evaluation
+  ranked; ``--keep_history`` then gives exactly RecBole's
+  ``recbole.utils.case_study.full_sort_topk`` on the test loader.
+
+Excluded from the ranking: the padding item and, unless ``keep_history``, every item in
+the user's history as read by the context (for ``next`` all items the user interacted
+with, for ``test`` all before the test item).  RecBole's own full-sort evaluation of
+sequential models excludes only padding (``full_sort_scores`` passes no history for
+them), so ``keep_history`` is how to reproduce it.  Where fewer than ``k`` items remain,
+fewer are returned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from recbole.data.interaction import Interaction
+
+CONTEXTS = ("next", "test")
+FORMATS = ("csv", "json")
+
+
+class UnknownUserError(ValueError):
+    pass
+
+
+def parse_user_tokens(users: str) -> list[str]:
+    """``users``: an existing file (one token per line) or comma-separated tokens."""
+    if os.path.isfile(users):
+        lines = Path(users).read_text().splitlines()
+        tokens = [line.strip() for line in lines if line.strip()]
+    else:
+        tokens = [token.strip() for token in users.split(",") if token.strip()]
+    if not tokens:
+        raise ValueError(f"--users {users!r} names no user")
+    return list(dict.fromkeys(tokens))  # drop repeats, keep order
+
+
+def user_ids(dataset, tokens: list[str]) -> np.ndarray:
+    """Internal ids of user tokens; ``UnknownUserError`` listing the unknown ones."""
+    mapping = dataset.field2token_id[dataset.uid_field]
+    unknown = [token for token in tokens if token not in mapping or mapping[token] == 0]
+    if unknown:
+        shown = ", ".join(repr(t) for t in unknown[:20])
+        more = f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""
+        raise UnknownUserError(
+            f"{len(unknown)} unknown user token(s) for dataset {dataset.dataset_name!r}: "
+            f"{shown}{more}. Tokens are the user ids of the .inter file."
+        )
+    return np.array([mapping[token] for token in tokens], dtype=np.int64)
+
+
+def _history_rows(split_datasets, context: str):
+    """Per split: (split dataset, whether its targets belong to the history)."""
+    train, valid, test = split_datasets
+    return [(train, True), (valid, True), (test, context == "next")]
+
+
+def user_inputs(model, split_datasets, uids: np.ndarray, context: str):
+    """``(item_seq, item_seq_len)`` the model reads for each user of ``uids``.
+
+    Rows are taken from the splits in time order (train, valid, test): the last row of
+    a user is their latest prefix and target.  ``next`` appends that target to the prefix
+    (dropping the oldest item when the sequence is full); ``test`` uses the test row.
+    """
+    uid_field = split_datasets[0].uid_field
+    max_len = model.max_seq_length
+    n_users = split_datasets[0].user_num
+    chosen = [None] * 3
+    source = np.full(n_users, -1)
+    row = np.full(n_users, -1)
+    for index, split in enumerate(split_datasets):
+        if context == "test" and index < 2:
+            continue
+        users = split.inter_feat[uid_field].numpy()
+        source[users] = index
+        row[users] = np.arange(len(users))  # later rows overwrite: the latest wins
+        chosen[index] = split
+    missing = uids[source[uids] < 0]
+    if len(missing):
+        dataset = split_datasets[0]
+        tokens = dataset.id2token(uid_field, missing[:20])
+        raise UnknownUserError(
+            f"{len(missing)} user(s) have no {context!r} sequence to read (too few "
+            f"interactions for the split): {', '.join(map(str, tokens))}"
+        )
+    item_seq = torch.zeros(len(uids), max_len, dtype=torch.long)
+    item_seq_len = torch.zeros(len(uids), dtype=torch.long)
+    for index, split in enumerate(chosen):
+        if split is None:
+            continue
+        where = np.flatnonzero(source[uids] == index)
+        rows = torch.from_numpy(row[uids[where]])
+        prefix = split.inter_feat[model.ITEM_SEQ][rows]
+        lengths = split.inter_feat[model.ITEM_SEQ_LEN][rows]
+        if context == "next":
+            target = split.inter_feat[model.ITEM_ID][rows]
+            full = lengths >= max_len
+            prefix = torch.where(full[:, None], prefix.roll(-1, dims=1), prefix)
+            lengths = torch.where(full, lengths, lengths + 1)
+            prefix[torch.arange(len(rows)), lengths - 1] = target
+        where = torch.from_numpy(where)
+        item_seq[where], item_seq_len[where] = prefix, lengths
+    return item_seq, item_seq_len
+
+
+def user_history(split_datasets, uids: np.ndarray, context: str, iid_field, list_field):
+    """``(positions, items)``: every item of each user's history (index into ``uids``)."""
+    uid_field = split_datasets[0].uid_field
+    position = np.full(split_datasets[0].user_num, -1)
+    position[uids] = np.arange(len(uids))
+    parts_pos, parts_item = [], []
+    for split, with_target in _history_rows(split_datasets, context):
+        users = split.inter_feat[uid_field].numpy()
+        keep = np.flatnonzero(position[users] >= 0)
+        if not len(keep):
+            continue
+        pos = position[users[keep]]
+        lists = split.inter_feat[list_field][torch.from_numpy(keep)].numpy()
+        rows, cols = np.nonzero(lists)
+        parts_pos.append(pos[rows])
+        parts_item.append(lists[rows, cols])
+        if with_target:
+            parts_pos.append(pos)
+            parts_item.append(split.inter_feat[iid_field][torch.from_numpy(keep)].numpy())
+    if not parts_pos:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    pairs = np.unique(np.stack([np.concatenate(parts_pos), np.concatenate(parts_item)]), axis=1)
+    return pairs[0], pairs[1]
+
+
+@torch.no_grad()
+def recommend(
+    model,
+    split_datasets,
+    uids: np.ndarray,
+    k: int = 10,
+    context: str = "next",
+    exclude_history: bool = True,
+    batch_size: int = 512,
+):
+    """Top-``k`` internal item ids and scores per user (``(len(uids), k)`` each, rows with
+    fewer candidates padded with id 0 and score -inf), batched over users."""
+    if context not in CONTEXTS:
+        raise ValueError(f"context={context!r} is unknown; choose from {list(CONTEXTS)}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"topk={k!r} must be an integer >= 1")
+    model.eval()
+    device = next(model.parameters()).device
+    dataset = split_datasets[0]
+    n_items = dataset.item_num
+    k = min(k, n_items)
+    item_seq, item_seq_len = user_inputs(model, split_datasets, uids, context)
+    if exclude_history:
+        hist_pos, hist_item = user_history(
+            split_datasets, uids, context, model.ITEM_ID, model.ITEM_SEQ
+        )
+        order = np.argsort(hist_pos, kind="stable")
+        hist_pos, hist_item = hist_pos[order], hist_item[order]
+    top_items, top_scores = [], []
+    for start in range(0, len(uids), batch_size):
+        stop = min(start + batch_size, len(uids))
+        batch = Interaction(
+            {
+                dataset.uid_field: torch.from_numpy(uids[start:stop]),
+                model.ITEM_SEQ: item_seq[start:stop],
+                model.ITEM_SEQ_LEN: item_seq_len[start:stop],
+            }
+        ).to(device)
+        scores = model.full_sort_predict(batch).view(-1, n_items).float()
+        scores[:, 0] = -torch.inf
+        if exclude_history:
+            lo, hi = np.searchsorted(hist_pos, [start, stop])
+            rows = torch.from_numpy(hist_pos[lo:hi] - start).to(device)
+            cols = torch.from_numpy(hist_item[lo:hi]).to(device)
+            scores[rows, cols] = -torch.inf
+        values, indices = torch.topk(scores, k, dim=-1)
+        indices = indices.masked_fill(torch.isinf(values), 0)
+        top_items.append(indices.cpu())
+        top_scores.append(values.cpu())
+    return torch.cat(top_items), torch.cat(top_scores)
+
+
+def format_recommendations(dataset, tokens, items, scores, fmt: str) -> str:
+    """CSV (``user,rank,item,score``, one row per recommendation) or JSON (a list of
+    ``{"user", "items", "scores"}``), in external tokens."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format={fmt!r} is unknown; choose from {list(FORMATS)}")
+    item_tokens = dataset.field2id_token[dataset.iid_field]
+    records = []
+    for token, row_items, row_scores in zip(tokens, items.tolist(), scores.tolist()):
+        kept = [(item, score) for item, score in zip(row_items, row_scores) if item != 0]
+        records.append(
+            {
+                "user": token,
+                "items": [str(item_tokens[item]) for item, _ in kept],
+                "scores": [round(float(score), 6) for _, score in kept],
+            }
+        )
+    if fmt == "json":
+        return json.dumps(records, indent=1) + "\n"
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["user", "rank", "item", "score"])
+    for record in records:
+        for rank, (item, score) in enumerate(zip(record["items"], record["scores"]), 1):
+            writer.writerow([record["user"], rank, item, score])
+    return buffer.getvalue()
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="run_recbole_freq.py --recommend",
+        allow_abbrev=False,
+        description="Top-k recommendations of a trained checkpoint, in external tokens.",
+    )
+    parser.add_argument("--recommend", required=True, metavar="CHECKPOINT")
+    who = parser.add_mutually_exclusive_group(required=True)
+    who.add_argument("--users", help="comma-separated user tokens, or a file with one per line")
+    who.add_argument("--all_users", action="store_true", help="every user of the dataset")
+    parser.add_argument("--topk", type=int, default=10)
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=None,
+        help="default: csv, or json when --output ends in .json",
+    )
+    parser.add_argument("--output", default=None, help="file to write (atomically); default stdout")
+    parser.add_argument("--context", choices=CONTEXTS, default="next")
+    parser.add_argument(
+        "--keep_history", action="store_true", help="do not exclude the user's history items"
+    )
+    parser.add_argument(
+        "--data_path", default=None, help="folder holding <dataset>/ (default: the training run's)"
+    )
+    parser.add_argument("--batch_size", type=int, default=512)
+    parser.add_argument("--device", default="cpu")
+    return parser
+
+
+def cli(argv: list[str]) -> int:
+    from recbole_freq.checkpoint import CheckpointError, UntrustedCheckpointError, restore_model
+    from recbole_freq.quick_start import EXPECTED_ERRORS
+
+    args = build_parser().parse_args(argv)
+    fmt = args.format or ("json" if (args.output or "").endswith(".json") else "csv")
+    try:
+        if args.topk < 1 or args.batch_size < 1:
+            raise ValueError("--topk and --batch_size must be >= 1")
+        model, _, dataset, loaders, _ = restore_model(args.recommend, args.data_path, args.device)
+        splits = [loader._dataset for loader in loaders]
+        if args.all_users:
+            tokens = [str(t) for t in dataset.field2id_token[dataset.uid_field][1:]]
+        else:
+            tokens = parse_user_tokens(args.users)
+        uids = user_ids(dataset, tokens)
+        items, scores = recommend(
+            model, splits, uids, args.topk, args.context, not args.keep_history, args.batch_size
+        )
+        text = format_recommendations(dataset, tokens, items, scores, fmt)
+    except (*EXPECTED_ERRORS, CheckpointError, UntrustedCheckpointError) as error:
+        if os.environ.get("RECBOLE_FREQ_DEBUG"):
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.output:
+        write_atomic(args.output, text)
+        print(f"wrote {len(tokens)} users' top-{args.topk} to {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,0 +1,245 @@
+"""Side-by-side comparison (``--compare``): real runs on tiny data, tables, plot, resume."""
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import pytest
+from scipy.stats import ttest_rel
+
+from recbole_freq.compare import (
+    ComparisonError,
+    _check_ray_resources,
+    compare,
+    improvement,
+    markdown_table,
+    paired_p_value,
+    summarise,
+)
+from recbole_freq.quick_start import main
+
+METRICS = ["hit@5", "hit@10", "hit@20", "ndcg@5", "ndcg@10", "ndcg@20"]
+
+
+def overrides_of(small_config, **changes):
+    # The comparison sets the seed itself.
+    return {key: value for key, value in {**small_config, **changes}.items() if key != "seed"}
+
+
+def cli_args(config: dict) -> list[str]:
+    return [f"--{key}={value}" for key, value in config.items()]
+
+
+def checkpoints(small_config) -> list[str]:
+    return sorted(p.name for p in Path(small_config["checkpoint_dir"]).glob("*.pth"))
+
+
+def test_two_models_two_seeds_give_tables_plot_and_resume(small_config, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    overrides = overrides_of(small_config, epochs=1)
+    argv = ["--compare", "BSARec,SASRec", "--dataset=tiny", "--seeds", "11,12", "--out", str(out)]
+    assert main([*argv, *cli_args(overrides)]) == 0
+    printed = capsys.readouterr().out
+
+    run_files = sorted(p.name for p in (out / "runs").glob("*.json"))
+    assert run_files == [f"{m}-seed{s}.json" for m in ("BSARec", "SASRec") for s in (11, 12)]
+    record = json.loads((out / "runs" / "BSARec-seed12.json").read_text())
+    assert record["summary"]["seed"] == 12 and record["summary"]["epochs_run"] == 1
+    assert record["summary"]["config"]["hidden_size"] == 16
+    assert set(METRICS) <= set(record["summary"]["test_result"])
+
+    with open(out / "comparison.csv", newline="") as handle:
+        rows = {row["model"]: row for row in csv.DictReader(handle)}
+    assert set(rows) == {"BSARec", "SASRec"}
+    assert rows["SASRec"]["role"] == "baseline" and rows["BSARec"]["role"] == "proposed"
+    runs = {
+        (m, s): json.loads((out / "runs" / f"{m}-seed{s}.json").read_text())["summary"]
+        for m in ("BSARec", "SASRec")
+        for s in (11, 12)
+    }
+    for metric in METRICS:
+        values = [runs[("BSARec", s)]["test_result"][metric] for s in (11, 12)]
+        base = [runs[("SASRec", s)]["test_result"][metric] for s in (11, 12)]
+        assert float(rows["BSARec"][f"{metric}_mean"]) == pytest.approx(sum(values) / 2)
+        assert rows["BSARec"][f"{metric}_best_baseline"] == "SASRec"
+        if sum(base):
+            expected = (sum(values) - sum(base)) / sum(base) * 100
+            assert float(rows["BSARec"][f"{metric}_improv_pct"]) == pytest.approx(expected)
+        assert rows["SASRec"][f"{metric}_improv_pct"] == ""
+    assert int(rows["BSARec"]["parameters"]) == runs[("BSARec", 11)]["parameters"]
+    assert float(rows["SASRec"]["train_seconds_per_epoch_mean"]) > 0
+
+    markdown = (out / "comparison.md").read_text()
+    for text in ("| Model |", "SASRec (baseline)", "Improv. BSARec", "p (paired t) BSARec", " ± "):
+        assert text in markdown
+    assert "Best baseline: SASRec for every metric." in markdown
+    assert markdown in printed
+    assert (out / "comparison.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with open(out / "runs.csv", newline="") as handle:
+        assert len(list(csv.DictReader(handle))) == 4
+
+    # Second invocation: every run is stored, so nothing trains and nothing is rewritten.
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")}
+    saved = checkpoints(small_config)
+    again = compare("BSARec,SASRec", "tiny", seeds=[11, 12], overrides=overrides, out=out)
+    assert again["trained"] == [] and len(again["skipped"]) == 4
+    assert {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")} == stamps
+    assert checkpoints(small_config) == saved
+    assert again["markdown"] == markdown
+
+    # Interrupted comparison: only the missing run is trained.
+    (out / "runs" / "SASRec-seed12.json").unlink()
+    resumed = compare("BSARec,SASRec", "tiny", seeds=[11, 12], overrides=overrides, out=out)
+    assert resumed["trained"] == [("SASRec", 12)]
+    assert len(checkpoints(small_config)) == len(saved) + 1
+
+    # Other settings in the same output folder: an error, nothing trained or changed.
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")}
+    other = overrides_of(small_config, epochs=2)
+    assert main([*argv, *cli_args(other)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds runs made with other settings" in err and "--epochs: 1 vs 2" in err
+    assert "Pick another --out" in err
+    assert {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")} == stamps
+
+
+def test_explicit_baselines_and_metrics_retabulate_without_training(small_config, tmp_path):
+    out = tmp_path / "cmp"
+    overrides = overrides_of(small_config, epochs=1)
+    first = compare("SASRec,GRU4Rec", "tiny", seeds="5", overrides=overrides, out=out)
+    assert len(first["trained"]) == 2
+    # Both are RecBole built-ins: no proposed model, so no Improv. row.
+    assert (
+        "| Improv." not in first["markdown"] and "no baseline or no proposed" in first["markdown"]
+    )
+    table = compare(
+        ["SASRec", "GRU4Rec"],
+        "tiny",
+        seeds=[5],
+        overrides=overrides,
+        out=out,
+        baselines="GRU4Rec",
+        metrics="ndcg@10,hit@10",
+    )
+    assert table["trained"] == [] and table["metrics"] == ["ndcg@10", "hit@10"]
+    assert [row["model"] for row in table["rows"]] == ["GRU4Rec", "SASRec"]
+    assert "Improv. SASRec" in table["markdown"] and "hit@20" not in table["markdown"]
+    # One seed: no paired test.
+    assert table["rows"][1]["ndcg@10_p_value"] is None
+    assert "| p (paired t) SASRec | n/a | n/a |" in table["markdown"]
+
+
+BAD_COMPARISONS = [
+    (["--compare", "BSARec,NoSuchModel"], "unknown model 'NoSuchModel'"),
+    (["--compare", "BSARec,BSARec"], "lists an entry twice"),
+    (["--compare", "BSARec,SASRec", "--seeds", "1,x"], "seed 'x' is not an integer"),
+    (["--compare", "BSARec,SASRec", "--seed=3"], "--seed cannot be an override"),
+    (["--compare", "BSARec", "--baselines", "SASRec"], "baseline(s) SASRec are not among"),
+    (["--compare", "BSARec", "--metrics", "mrr@10"], "mrr@10 are not evaluated"),
+    (["--compare", "BSARec", "--dataset=not-there"], "dataset 'not-there' is not prepared"),
+    (["--compare", "BSARec", "--cpus_per_run", "2"], "need --ray"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_COMPARISONS, ids=[m for _, m in BAD_COMPARISONS])
+def test_bad_comparison_input_is_a_clear_error_before_training(
+    small_config, tmp_path, capsys, args, message
+):
+    base = ["--dataset=tiny"] if not any(a.startswith("--dataset") for a in args) else []
+    code = main(
+        [*args, *base, "--out", str(tmp_path / "cmp"), *cli_args(overrides_of(small_config))]
+    )
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "cmp").exists()
+
+
+def test_paired_test_is_undefined_without_seeds_or_variance():
+    assert paired_p_value([0.3], [0.2]) is None
+    # A constant difference: scipy reports p = 0, which is no evidence.
+    assert paired_p_value([0.3, 0.4, 0.5], [0.2, 0.3, 0.4]) is None
+    assert paired_p_value([0.2, 0.3], [0.2, 0.3]) is None
+    values, reference = [0.31, 0.35, 0.30], [0.30, 0.31, 0.29]
+    assert paired_p_value(values, reference) == pytest.approx(ttest_rel(values, reference).pvalue)
+
+
+def test_improvement_is_positive_when_better():
+    assert improvement(0.11, 0.10) == pytest.approx(10.0)
+    assert improvement(0.09, 0.10) == pytest.approx(-10.0)
+    assert improvement(90.0, 100.0, smaller_better=True) == pytest.approx(10.0)
+    assert improvement(0.1, 0.0) is None
+
+
+def fake_record(model, seed, ndcg, hit, parameters=100):
+    return {
+        "summary": {
+            "model": model,
+            "seed": seed,
+            "test_result": {"ndcg@10": ndcg, "hit@10": hit},
+            "train_seconds_per_epoch": 1.0 + seed,
+            "epochs_run": 3,
+            "parameters": parameters,
+        }
+    }
+
+
+def test_best_baseline_is_chosen_per_metric():
+    records = {}
+    for seed, offset in ((1, 0.0), (2, 0.01), (3, 0.03)):
+        records[("A", seed)] = fake_record("A", seed, 0.20 + offset, 0.50 + offset)
+        records[("B", seed)] = fake_record("B", seed, 0.25 + offset, 0.40 + offset)
+        records[("P", seed)] = fake_record("P", seed, 0.30 + offset * 2, 0.45 + offset)
+    rows = summarise(records, ["A", "B", "P"], [1, 2, 3], ["ndcg@10", "hit@10"], {"A", "B"})
+    proposed = rows[2]
+    assert proposed["ndcg@10_best_baseline"] == "B" and proposed["hit@10_best_baseline"] == "A"
+    assert proposed["ndcg@10_improv_pct"] == pytest.approx((0.3267 - 0.2633) / 0.2633 * 100, 1e-2)
+    assert proposed["hit@10_improv_pct"] == pytest.approx((0.46333 - 0.51333) / 0.51333 * 100, 1e-3)
+    assert proposed["ndcg@10_p_value"] == pytest.approx(
+        ttest_rel([0.30, 0.32, 0.36], [0.25, 0.26, 0.28]).pvalue
+    )
+    assert proposed["hit@10_p_value"] is None  # constant difference across seeds
+    assert rows[0]["ndcg@10_std"] == pytest.approx(0.01528, rel=1e-3)
+    markdown = markdown_table(rows, ["ndcg@10", "hit@10"], "toy", [1, 2, 3])
+    assert "| Improv. P | +24.05% | -9.74% |" in markdown
+    assert "**0.3267 ± 0.0306**" in markdown
+    assert "Best baseline: ndcg@10 B, hit@10 A." in markdown
+
+
+def test_ray_mode_runs_the_trials_as_tasks_with_the_same_results(small_config, tmp_path):
+    pytest.importorskip("ray")
+    overrides = overrides_of(small_config, epochs=1)
+    on_ray = compare(
+        "SASRec",
+        "tiny",
+        seeds=[3, 4],
+        overrides=overrides,
+        out=tmp_path / "ray",
+        use_ray=True,
+        # One worker process runs both tasks: a single torch/RecBole import keeps it fast.
+        cpus_per_run=float(min(2, os.cpu_count() or 1)),
+    )
+    assert sorted(on_ray["trained"]) == [("SASRec", 3), ("SASRec", 4)]
+    local = compare("SASRec", "tiny", seeds=[3, 4], overrides=overrides, out=tmp_path / "local")
+    for seed in (3, 4):
+        stored = [
+            json.loads((tmp_path / where / "runs" / f"SASRec-seed{seed}.json").read_text())
+            for where in ("ray", "local")
+        ]
+        # Seeded runs are reproducible wherever they run.
+        assert stored[0]["summary"]["test_result"] == stored[1]["summary"]["test_result"]
+    for metric in METRICS:
+        key = f"{metric}_mean"
+        assert on_ray["rows"][0][key] == local["rows"][0][key]
+
+
+def test_ray_tasks_larger_than_a_local_instance_are_refused(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ComparisonError, match="cpus_per_run=4 but the Ray cluster has 2 CPU"):
+        _check_ray_resources({"CPU": 2.0}, {"cpus_per_run": 4.0}, True, print)
+    with pytest.raises(ComparisonError, match="gpus_per_run=1 but the Ray cluster has 0 GPU"):
+        _check_ray_resources({"CPU": 2.0}, {"cpus_per_run": 1.0, "gpus_per_run": 1.0}, True, print)
+    warnings = []
+    options = {"cpus_per_run": 4.0, "address": "ray://head:10001"}
+    _check_ray_resources({"CPU": 2.0}, options, True, warnings.append)
+    assert warnings and "unless the cluster grows" in warnings[0]

@@ -1,0 +1,250 @@
+"""Recommendations from a checkpoint (--recommend) and safe checkpoint loading."""
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from recbole.data.interaction import Interaction
+from recbole.utils.case_study import full_sort_scores, full_sort_topk
+
+from conftest import SMALL_MODEL, write_sequences
+from dataset_prep import convert_one_line
+from recbole_freq.checkpoint import (
+    CheckpointError,
+    CheckpointMismatchError,
+    UntrustedCheckpointError,
+    load_checkpoint,
+    restore_model,
+)
+from recbole_freq.quick_start import main, run
+from recbole_freq.recommend import recommend, user_ids
+
+K = 5
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_data, tmp_path_factory):
+    """One SASRec trained for 1 epoch on ``tiny`` (trained once for the module)."""
+    work = tmp_path_factory.mktemp("recommend")
+    cwd = os.getcwd()
+    os.chdir(work)  # RecBole writes log/ into the working directory
+    try:
+        summary = run(
+            "SASRec",
+            "tiny",
+            config_dict=dict(
+                SMALL_MODEL,
+                epochs=1,
+                data_path=str(tiny_data),
+                checkpoint_dir=str(work / "saved"),
+            ),
+        )
+    finally:
+        os.chdir(cwd)
+    return summary["checkpoint"]
+
+
+@pytest.fixture(scope="module")
+def restored(trained):
+    return restore_model(trained)
+
+
+def raw_histories(tiny_data) -> dict[str, list[str]]:
+    """Each user's items in time order, read from the prepared .inter file itself."""
+    frame = pd.read_csv(tiny_data / "tiny" / "tiny.inter", sep="\t", dtype=str)
+    frame.columns = [c.split(":")[0] for c in frame.columns]
+    frame["timestamp"] = frame["timestamp"].astype(float)
+    frame = frame.sort_values(["user_id", "timestamp"], kind="stable")
+    return frame.groupby("user_id")["item_id"].apply(list).to_dict()
+
+
+def read_csv_output(text: str) -> dict[str, list[str]]:
+    rows = list(csv.DictReader(io.StringIO(text)))
+    result: dict[str, list[str]] = {}
+    for row in sorted(rows, key=lambda r: (r["user"], int(r["rank"]))):
+        result.setdefault(row["user"], []).append(row["item"])
+    return result
+
+
+def test_test_context_with_kept_history_is_recboles_full_sort_topk(trained, restored, tmp_path):
+    model, _, dataset, (_, _, test_data), _ = restored
+    out = tmp_path / "recs.csv"
+    code = main(
+        [
+            "--recommend",
+            trained,
+            "--all_users",
+            f"--topk={K}",
+            "--context=test",
+            "--keep_history",
+            "--output",
+            str(out),
+        ]
+    )
+    assert code == 0
+    ours = read_csv_output(out.read_text())
+    uids = test_data.dataset.inter_feat[dataset.uid_field].numpy()
+    _, expected = full_sort_topk(uids, model, test_data, K)
+    tokens = dataset.id2token(dataset.uid_field, uids)
+    assert len(ours) == len(uids) == 60
+    for token, items in zip(tokens, expected.tolist()):
+        assert ours[str(token)] == [str(t) for t in dataset.id2token(dataset.iid_field, items)]
+
+
+def test_test_context_excludes_history_before_the_test_item(restored, tiny_data):
+    model, _, dataset, loaders, _ = restored
+    test_data = loaders[2]
+    splits = [loader._dataset for loader in loaders]
+    histories = raw_histories(tiny_data)
+    uids = test_data.dataset.inter_feat[dataset.uid_field].numpy()
+    items, _ = recommend(model, splits, uids, K, context="test")
+    scores = full_sort_scores(uids, model, test_data)
+    tokens = dataset.id2token(dataset.uid_field, uids)
+    for row, token in enumerate(tokens):
+        before_test = histories[str(token)][:-1]  # the last interaction is the test item
+        seen = dataset.token2id(dataset.iid_field, before_test)
+        scores[row, torch.as_tensor(seen)] = -torch.inf
+        recommended = set(dataset.id2token(dataset.iid_field, items[row].tolist()))
+        assert not recommended & set(before_test)
+    assert torch.equal(items, torch.topk(scores, K).indices)
+
+
+def test_next_context_reads_whole_history_and_excludes_it(restored, tiny_data):
+    model, config, dataset, loaders, _ = restored
+    splits = [loader._dataset for loader in loaders]
+    histories = raw_histories(tiny_data)
+    tokens = sorted(histories)
+    uids = user_ids(dataset, tokens)
+    items, scores = recommend(model, splits, uids, K, context="next", batch_size=7)
+    max_len = config["MAX_ITEM_LIST_LENGTH"]
+    # Independent expectation: the last MAX_ITEM_LIST_LENGTH items of the raw history.
+    seqs = torch.zeros(len(tokens), max_len, dtype=torch.long)
+    lengths = torch.zeros(len(tokens), dtype=torch.long)
+    for row, token in enumerate(tokens):
+        recent = dataset.token2id(dataset.iid_field, histories[token][-max_len:])
+        seqs[row, : len(recent)] = torch.as_tensor(recent)
+        lengths[row] = len(recent)
+    assert (lengths == max_len).any() and (lengths < max_len).any()  # both cases covered
+    with torch.no_grad():
+        expected = model.full_sort_predict(
+            Interaction({model.ITEM_SEQ: seqs, model.ITEM_SEQ_LEN: lengths})
+        )
+    expected[:, 0] = -torch.inf
+    for row, token in enumerate(tokens):
+        expected[
+            row, torch.as_tensor(dataset.token2id(dataset.iid_field, histories[token]))
+        ] = -torch.inf
+        recommended = set(dataset.id2token(dataset.iid_field, items[row].tolist()))
+        assert not recommended & set(histories[token]) and "[PAD]" not in recommended
+    top = torch.topk(expected, K)
+    assert torch.equal(items, top.indices)
+    assert torch.allclose(scores, top.values, atol=1e-5)
+    # Batching does not change anything.
+    again, _ = recommend(model, splits, uids, K, context="next", batch_size=512)
+    assert torch.equal(items, again)
+
+
+def test_users_from_file_and_json_output(trained, tmp_path, capsys):
+    users = tmp_path / "users.txt"
+    users.write_text("3\n\n7\n3\n")
+    code = main(["--recommend", trained, "--users", str(users), "--topk=3", "--format=json"])
+    assert code == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [r["user"] for r in records] == ["3", "7"]
+    assert all(len(r["items"]) == len(r["scores"]) == 3 for r in records)
+    assert all(r["scores"] == sorted(r["scores"], reverse=True) for r in records)
+
+
+def test_unknown_users_are_listed(trained, capsys):
+    code = main(["--recommend", trained, "--users", "1,nobody,99999", "--topk=3"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "2 unknown user token(s)" in err and "'nobody'" in err and "'99999'" in err
+
+
+def test_missing_checkpoint_is_a_clear_error(capsys):
+    code = main(["--recommend", "saved/nope.pth", "--users", "1"])
+    assert code == 2
+    assert "checkpoint 'saved/nope.pth' does not exist" in capsys.readouterr().err
+
+
+def test_checkpoint_of_another_dataset_is_refused(trained, tmp_path, capsys):
+    other = tmp_path / "other"
+    other.mkdir()
+    convert_one_line(
+        write_sequences(other / "tiny.txt", n_items=55, seed=3), other, "tiny", show_progress=False
+    )
+    with pytest.raises(CheckpointMismatchError, match="does not fit dataset 'tiny'"):
+        restore_model(trained, data_path=other)
+    code = main(["--recommend", trained, "--users", "1", "--data_path", str(other)])
+    err = capsys.readouterr().err
+    assert code == 2 and "item_embedding.weight" in err and "--data_path" in err
+
+
+# --- safe loading ----------------------------------------------------------------------
+
+
+def _write_marker(path):
+    Path(path).write_text("code ran")
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (_write_marker, (self.marker,))
+
+
+class _CallsConfig:
+    def __reduce__(self):
+        from recbole_freq.config import FreqConfig
+
+        return (FreqConfig, ("SASRec", "tiny"))
+
+
+def test_real_checkpoint_loads_safely(trained):
+    checkpoint = load_checkpoint(trained)
+    trusted = torch.load(trained, weights_only=False)
+    assert type(checkpoint["config"]).__name__ == "FreqConfig"
+    assert checkpoint["config"]["model"] == "SASRec" and checkpoint["epoch"] == trusted["epoch"]
+    assert checkpoint["state_dict"].keys() == trusted["state_dict"].keys()
+    for name, value in trusted["state_dict"].items():
+        assert torch.equal(checkpoint["state_dict"][name], value)
+
+
+def test_malicious_checkpoint_is_refused_and_runs_nothing(trained, tmp_path):
+    marker = tmp_path / "marker"
+    evil = tmp_path / "evil.pth"
+    genuine = torch.load(trained, weights_only=False)
+    # A real checkpoint with a payload next to the genuine entries, in RecBole's protocol.
+    torch.save({**genuine, "other_parameter": _Payload(marker)}, evil, pickle_protocol=4)
+    with pytest.raises(UntrustedCheckpointError, match="_write_marker"):
+        load_checkpoint(evil)
+    assert not marker.exists()
+    code = main(["--recommend", str(evil), "--users", "1"])
+    assert code == 2 and not marker.exists()
+
+
+def test_allowed_class_may_not_be_called(tmp_path):
+    # FreqConfig is allowed, but only to be rebuilt from its state, never constructed.
+    path = tmp_path / "calls.pth"
+    torch.save({"config": _CallsConfig(), "state_dict": {}}, path, pickle_protocol=4)
+    with pytest.raises(UntrustedCheckpointError, match="may not be called"):
+        load_checkpoint(path)
+
+
+def test_not_a_checkpoint(tmp_path):
+    path = tmp_path / "notes.pth"
+    path.write_text("hello")
+    with pytest.raises(CheckpointError, match="not a checkpoint written by torch.save"):
+        load_checkpoint(path)
+    weights = tmp_path / "weights.pth"
+    torch.save({"w": torch.ones(2)}, weights)
+    with pytest.raises(CheckpointError, match="is not a RecBole checkpoint"):
+        load_checkpoint(weights)

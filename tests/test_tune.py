@@ -1,0 +1,330 @@
+"""Ray Tune search: hyper-file parsing, bad input, and a real 2-trial search on tiny data."""
+
+import json
+import math
+import os
+import socket
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import SMALL_MODEL
+from recbole_freq.config import FreqConfig, properties_dir
+from recbole_freq.quick_start import main, run
+from recbole_freq.tune import (
+    HyperFileError,
+    TuneSetupError,
+    distinct_combinations,
+    grid_size,
+    parse_hyper_file,
+    parse_hyper_lines,
+    trial_device_overrides,
+    tune_model,
+)
+
+EVERY_KEYWORD = """\
+# RecBole hyper file: every keyword
+learning_rate loguniform -8,0
+
+dropout uniform 0.1,0.5
+hidden_size quniform 16,64,16
+weight_decay quniform 0.0,0.3,0.1
+alpha choice [0.1, 0.3,0.5]
+loss_type choice ['CE','BPR']
+trc_sublayers choice [['attention'],['attention','feed_forward']]
+"""
+
+
+def _sample(domain, n=300):
+    return [domain.sample(random_state=np.random.RandomState(seed)) for seed in range(n)]
+
+
+def test_parser_reads_every_recbole_keyword_with_recbole_semantics():
+    space = parse_hyper_lines(EVERY_KEYWORD.splitlines())
+    assert list(space) == [
+        "learning_rate",
+        "dropout",
+        "hidden_size",
+        "weight_decay",
+        "alpha",
+        "loss_type",
+        "trc_sublayers",
+    ]
+    # loguniform: natural-log bounds, as hyperopt.hp.loguniform reads them.
+    lr = space["learning_rate"].to_tune()
+    assert lr.lower == pytest.approx(math.exp(-8)) and lr.upper == pytest.approx(1.0)
+    values = _sample(lr)
+    assert all(math.exp(-8) <= v <= 1.0 for v in values)
+    assert min(values) < 0.01 < max(values)  # spread over orders of magnitude
+    assert all(0.1 <= v <= 0.5 for v in _sample(space["dropout"].to_tune()))
+    # quniform low,high,q: multiples of q; integer bounds give ints (layer sizes).
+    assert space["hidden_size"].grid_values() == [16, 32, 48, 64]
+    sizes = _sample(space["hidden_size"].to_tune())
+    assert set(sizes) <= {16, 32, 48, 64} and all(isinstance(v, int) for v in sizes)
+    assert space["weight_decay"].grid_values() == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    decays = _sample(space["weight_decay"].to_tune())
+    assert all(any(abs(v - g) < 1e-9 for g in (0.0, 0.1, 0.2, 0.3)) for v in decays)
+    assert space["alpha"].values == (0.1, 0.3, 0.5)
+    assert space["loss_type"].values == ("CE", "BPR")
+    assert space["trc_sublayers"].values[1] == ["attention", "feed_forward"]
+    assert grid_size(space) is None  # continuous parameters present
+    assert grid_size({k: space[k] for k in ("hidden_size", "alpha")}) == 12
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("alpha choice", "expected '<name> <type> <values>'"),
+        ("alpha normal 0,1", "unknown type 'normal'"),
+        ("alpha choice [0.1,", "Python list literal"),
+        ("alpha choice __import__('os')", "Python list literal"),
+        ("alpha choice []", "non-empty list"),
+        ("alpha choice 0.5", "non-empty list"),
+        ("lr uniform 0.1", "'low,high'"),
+        ("lr uniform 0.5,0.1", "must be below high"),
+        ("lr loguniform a,b", "numbers"),
+        ("lr loguniform -8,inf", "finite"),
+        ("size quniform 16,64", "'low,high,q'"),
+        ("size quniform 16,64,0", "q must be positive"),
+        ("size quniform 5,6,10", "no multiple of q"),
+        ("learning_rate choice [0.1]", "already defined on line 1"),
+    ],
+)
+def test_malformed_line_names_line_and_number(tmp_path, line, message):
+    path = tmp_path / "bad.hyper"
+    path.write_text(f"learning_rate choice [0.001]\n{line}\n")
+    with pytest.raises(HyperFileError) as error:
+        parse_hyper_file(path)
+    text = str(error.value)
+    assert message in text
+    assert "line 2" in text and repr(line) in text and str(path) in text
+
+
+def test_empty_or_missing_hyper_file(tmp_path):
+    path = tmp_path / "empty.hyper"
+    path.write_text("# nothing to search\n\n")
+    with pytest.raises(HyperFileError, match="search space is empty"):
+        parse_hyper_file(path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        parse_hyper_file(tmp_path / "missing.hyper")
+
+
+def test_shipped_hyper_files_are_the_papers_spaces_and_valid_keys(tiny_data):
+    expected = {
+        "BSARec": {
+            "alpha": [0.1, 0.3, 0.5, 0.7, 0.9],
+            "c": [1, 3, 5, 7, 9],
+            "n_heads": [1, 2, 4],
+            "learning_rate": [5e-4, 1e-3],
+        },
+        "RecDenoiser": {
+            "sparsity_beta": [1e-1, 1e-2, 1e-3, 1e-4, 1e-5],
+            "jacobian_gamma": [1e-1, 1e-2, 1e-3, 1e-4, 1e-5],
+        },
+        "PolyRec": {"trc_c": [1, 3, 5, 7, 9], "trc_alpha": [0.1, 0.3, 0.5, 0.7, 0.9]},
+    }
+    for model, values in expected.items():
+        space = parse_hyper_file(properties_dir() / "hyper" / f"{model}.hyper")
+        for name, grid in values.items():
+            assert space[name].grid_values() == grid
+        config = FreqConfig(model, "tiny", config_dict={"data_path": str(tiny_data)})
+        assert set(space) <= set(config.final_config_dict)
+    polyrec = parse_hyper_file(properties_dir() / "hyper" / "PolyRec.hyper")
+    assert {"poly_order", "cl_weight"} <= set(polyrec)
+
+
+def test_random_search_of_a_discrete_space_draws_distinct_combinations():
+    space = parse_hyper_file(properties_dir() / "hyper" / "BSARec.hyper")
+    assert grid_size(space) == 150
+    picks = distinct_combinations(space, 20, seed=3)
+    assert len({json.dumps(p, sort_keys=True) for p in picks}) == 20
+    assert picks == distinct_combinations(space, 20, seed=3)
+    assert all(p["n_heads"] in (1, 2, 4) and p["c"] in (1, 3, 5, 7, 9) for p in picks)
+    everything = distinct_combinations(space, 150, seed=0)
+    assert len({json.dumps(p, sort_keys=True) for p in everything}) == 150
+
+
+def test_trial_stays_on_the_devices_ray_assigned(tiny_data, monkeypatch):
+    cpu = trial_device_overrides([])
+    assert cpu == {"gpu_id": "", "use_gpu": False}
+    # A user's gpu_id must not win over the trial's assignment (cmd overrides win last).
+    config = FreqConfig("BSARec", "tiny", None, {"data_path": str(tiny_data)}, cpu)
+    assert str(config["device"]) == "cpu" and config["use_gpu"] is False
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert trial_device_overrides([3]) == {"gpu_id": "3", "use_gpu": True}
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert trial_device_overrides([1, 2])["gpu_id"] == "1,2"
+
+
+def _hyper(tmp_path, text, name="space.hyper"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "text, kwargs, message",
+    [
+        ("learnin_rate choice [0.1]", {}, "did you mean learning_rate"),
+        ("alpha choice [0.1]", {"cmd_overrides": {"alpha": "0.5"}}, "both tuned"),
+        ("gpu_id choice [0,1]", {}, "cannot be tuned"),
+        ("lr_x uniform 0,1", {}, "not a config key of BSARec"),
+        ("learning_rate uniform 0.0001,0.01", {"search": "grid"}, "grid search needs discrete"),
+        ("alpha choice [0.1,0.3]", {"num_samples": 3}, "exceeds the 2 combinations"),
+        ("alpha choice [0.1,0.3]", {"search": "grid", "num_samples": 2}, "--num_samples is for"),
+        ("alpha choice [0.1,0.3]", {"search": "optuna"}, "pip install optuna"),
+        ("alpha choice [0.1,0.3]", {"search": "hyperopt"}, "pip install hyperopt"),
+        ("alpha choice [0.1,0.3]", {"grace_period": 5}, "--grace_period 5"),
+        ("alpha choice [0.1,0.3]", {"cpus_per_trial": 0}, "positive --cpus_per_trial"),
+    ],
+)
+def test_bad_search_requests_fail_before_ray_starts(tmp_path, small_config, text, kwargs, message):
+    if "optuna" in message or "hyperopt" in message:
+        pytest.importorskip("ray")
+        package = "optuna" if "optuna" in message else "hyperopt"
+        if package in sys.modules or _importable(package):
+            pytest.skip(f"{package} is installed")
+    with pytest.raises(TuneSetupError, match=message):
+        tune_model(
+            "BSARec",
+            "tiny",
+            _hyper(tmp_path, text),
+            config_dict=small_config,
+            storage_path=tmp_path / "results",
+            **kwargs,
+        )
+
+
+def _importable(name):
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def test_missing_ray_is_a_clear_error(tmp_path, small_config, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(TuneSetupError, match=r"pip install 'ray\[tune\]'"):
+        tune_model(
+            "BSARec", "tiny", _hyper(tmp_path, "alpha choice [0.1]"), config_dict=small_config
+        )
+
+
+@pytest.mark.parametrize("via_env", [False, True])
+def test_unreachable_cluster_is_a_clear_error(tmp_path, small_config, capsys, monkeypatch, via_env):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    argv = ["--hyper_file", _hyper(tmp_path, "alpha choice [0.1]"), "--dataset=tiny"]
+    argv += [f"--{key}={value}" for key, value in small_config.items()]
+    if via_env:
+        monkeypatch.setenv("RAY_ADDRESS", address)
+    else:
+        argv.append(f"--ray_address={address}")
+    assert main(argv) == 2
+    assert f"cannot reach the Ray cluster at {address}" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray for the searches of this module (starting Ray takes seconds)."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_two_trial_search_writes_ranked_trials_and_a_trainable_best_yaml(
+    ray_session, tiny_data, tmp_path, capsys
+):
+    hyper = _hyper(tmp_path, "# two BSARec trials\nalpha choice [0.3,0.7]\n")
+    # Relative paths: trials run in Ray's own working directories, so they must be
+    # made absolute for the trials.
+    settings = dict(SMALL_MODEL, epochs=2, data_path=os.path.relpath(tiny_data, tmp_path))
+    settings.update(checkpoint_dir="saved", log_wandb=False)
+    argv = ["--model=BSARec", "--dataset=tiny", "--hyper_file", hyper, "--num_cpus=2"]
+    # ASHA after one validation round; trials one after the other, so that the second
+    # (alpha 0.7, worse after epoch 0 with these seeds) meets the first's rung result.
+    argv += ["--storage_path=results", "--name=search", "--verbose=0", "--grace_period=1"]
+    argv += ["--max_concurrent=1"]
+    argv += [f"--{key}={value}" for key, value in settings.items()]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| rank | trial | alpha | valid NDCG@20 (best) |" in printed
+
+    experiment = tmp_path / "results" / "search"
+    with open(experiment / "trials.csv") as handle:
+        import csv
+
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 2 and {float(r["alpha"]) for r in rows} == {0.3, 0.7}
+    assert [r["rank"] for r in rows] == ["1", "2"]
+    first, second = rows
+    assert first["status"] == "completed" and first["device"] == "cpu"
+    assert first["alpha"] == "0.3" and first["epochs_run"] == "2"
+    assert 0 <= float(first["test_ndcg@20"]) <= 1
+    assert float(first["best_valid"]) == float(first["valid_ndcg@20"])
+    # ASHA stopped the second trial on its validation score after epoch 0: no test run.
+    assert second["status"] == "stopped early (ASHA)" and second["epochs_run"] == "1"
+    assert second["test_ndcg@20"] == "" and float(second["best_valid"]) < float(first["best_valid"])
+    # The relative checkpoint_dir was resolved against the launch directory.
+    assert first["checkpoint"].startswith(str(tmp_path / "saved" / "BSARec-tiny-"))
+    assert os.path.isfile(first["checkpoint"])
+    checkpoints = sorted((tmp_path / "saved").glob("BSARec-tiny-*.pth"))
+
+    # Validation was reported after each epoch, the test only once, at the end.
+    trial_dir = rows[0]["trial_dir"]
+    with open(os.path.join(trial_dir, "result.json")) as handle:
+        reports = [json.loads(line) for line in handle]
+    assert [r.get("epoch") for r in reports[:-1]] == [0, 1]
+    assert not any("test_ndcg@20" in r for r in reports[:-1])
+    final = reports[-1]
+    assert final["final"] and final["shared_dataset"] and "test_ndcg@20" in final
+    assert final["valid_score"] == max(r["valid_score"] for r in reports[:-1])
+
+    best_yaml = experiment / "best.yaml"
+    text = best_yaml.read_text()
+    assert text.startswith("# Best of 2 trials: BSARec on tiny")
+    assert f"trial {rows[0]['trial_id']}: best validation NDCG@20" in text
+    best = yaml.safe_load(text)
+    assert best["alpha"] == float(rows[0]["alpha"])
+    assert best["epochs"] == 2 and os.path.isabs(best["data_path"])
+    assert "| 2 | " in (experiment / "trials.md").read_text()
+
+    # The best configuration trains as a plain config file.
+    summary = run(
+        "BSARec",
+        "tiny",
+        config_files=[str(best_yaml)],
+        config_dict={"epochs": 1, "checkpoint_dir": str(tmp_path / "retrain")},
+    )
+    assert summary["config"]["alpha"] == best["alpha"]
+    assert summary["epochs_run"] == 1 and summary["test_result"]["ndcg@20"] >= 0
+
+    # The same name again is refused; --resume of the finished search reruns nothing.
+    assert main(argv) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert main([*argv, "--resume"]) == 0
+    assert sorted((tmp_path / "saved").glob("BSARec-tiny-*.pth")) == checkpoints
+    assert main([a.replace("--epochs=2", "--epochs=3") for a in argv] + ["--resume"]) == 2
+    assert "changed: overrides" in capsys.readouterr().err
+
+
+def test_tuning_a_dataset_key_loads_the_data_in_each_trial(ray_session, small_config, tmp_path):
+    hyper = _hyper(tmp_path, "MAX_ITEM_LIST_LENGTH choice [8]\n")
+    summary = tune_model(
+        "BSARec",
+        "tiny",
+        hyper,
+        config_dict={k: v for k, v in small_config.items() if k != "MAX_ITEM_LIST_LENGTH"}
+        | {"epochs": 1},
+        storage_path=tmp_path / "results",
+        scheduler="none",
+        verbose=0,
+    )
+    assert not summary["shared_dataset"]
+    (row,) = summary["trials"]
+    assert row["status"] == "completed" and row["MAX_ITEM_LIST_LENGTH"] == 8
+    assert yaml.safe_load(open(summary["best_yaml"]))["MAX_ITEM_LIST_LENGTH"] == 8
