@@ -38,6 +38,9 @@ from recbole_freq.model import MODELS
 
 DEFAULT_SEEDS = (2024, 2025, 2026)
 DEFAULT_METRICS = tuple(f"{name}@{k}" for name in ("hit", "ndcg") for k in (5, 10, 20))
+# Shown by default for each of the run's ``extra_test_modes`` (e.g. ``uni100:hit@10``): the
+# sampled protocol's papers (Rec-Denoiser, SASRec) report @10 only.
+DEFAULT_EXTRA_MODE_METRICS = ("hit@10", "ndcg@10")
 RUN_FORMAT = 1
 # Summary parts that are not needed for the tables; quick_start still writes the full
 # summary next to the checkpoint (``summary_file``).
@@ -289,33 +292,55 @@ def _headline(summary: dict) -> str:
 # ---------------------------------------------------------------------------- statistics
 
 
+def _extra_test_modes(config) -> list[str]:
+    modes = config["extra_test_modes"] or []
+    return [modes] if isinstance(modes, str) else list(modes)
+
+
 def _available_metrics(config) -> set[str]:
+    """The test metrics of the run's own protocol (``hit@10``) and, for every entry of
+    ``extra_test_modes``, the same metrics under that mode (``uni100:hit@10``)."""
     names = [m.lower() for m in config["metrics"]]
     topk = config["topk"] if isinstance(config["topk"], list) else [config["topk"]]
-    return {f"{name}@{k}" for name in names for k in topk} | set(names)
+    own = {f"{name}@{k}" for name in names for k in topk} | set(names)
+    return own | {f"{mode}:{m}" for mode in _extra_test_modes(config) for m in own}
 
 
 def _choose_metrics(metrics, config) -> list[str]:
     available = _available_metrics(config)
     if metrics is None:
-        chosen = [m for m in DEFAULT_METRICS if m in available]
-        return chosen or sorted(available)
+        chosen = [m for m in DEFAULT_METRICS if m in available] or sorted(
+            m for m in available if ":" not in m
+        )
+        extra = [
+            f"{mode}:{m}" for mode in _extra_test_modes(config) for m in DEFAULT_EXTRA_MODE_METRICS
+        ]
+        return chosen + [m for m in extra if m in available]
     chosen = [m.strip().lower() for m in metrics if m.strip()]
     missing = [m for m in chosen if m not in available]
     if missing:
         raise ComparisonError(
             f"metric(s) {', '.join(missing)} are not evaluated with this configuration; "
-            f"available: {', '.join(sorted(available))} (set RecBole's metrics/topk to add)"
+            f"available: {', '.join(sorted(available))} (set RecBole's metrics/topk to add, "
+            "or extra_test_modes for <mode>:<metric>)"
         )
     if len(set(chosen)) != len(chosen):
         raise ComparisonError(f"--metrics lists a metric twice: {metrics}")
     return chosen
 
 
+def metric_value(summary: dict, metric: str) -> float:
+    """A run's test value of ``metric``: ``hit@10`` from its own protocol, ``uni100:hit@10``
+    from the extra test mode ``uni100`` (``quick_start.evaluate_extra_test_modes``)."""
+    mode, _, name = metric.rpartition(":")
+    results = summary["extra_test_results"][mode] if mode else summary["test_result"]
+    return results[name]
+
+
 def _smaller_is_better(metric: str) -> bool:
     from recbole.evaluator.register import smaller_metrics
 
-    return metric.split("@")[0] in smaller_metrics
+    return metric.rpartition(":")[2].split("@")[0] in smaller_metrics
 
 
 def paired_p_value(values, reference) -> float | None:
@@ -347,7 +372,7 @@ def summarise(records: dict, models, seeds, metrics, baselines) -> list[dict]:
     per_model = {}
     for model in models:
         summaries = [records[(model, seed)]["summary"] for seed in seeds]
-        values = {m: [s["test_result"][m] for s in summaries] for m in metrics}
+        values = {m: [metric_value(s, m) for s in summaries] for m in metrics}
         per_model[model] = values
         seconds = [s["train_seconds_per_epoch"] for s in summaries]
         epochs = [s["epochs_run"] for s in summaries]
@@ -420,7 +445,7 @@ def runs_csv_text(records: dict, models, seeds, metrics) -> str:
         for seed in seeds:
             s = records[(model, seed)]["summary"]
             writer.writerow(
-                [model, seed, *(s["test_result"][m] for m in metrics),
+                [model, seed, *(metric_value(s, m) for m in metrics),
                  s["train_seconds_per_epoch"], s["epochs_run"], s["best_epoch"],
                  s["parameters"], s["checkpoint"]]
             )  # fmt: skip
@@ -524,10 +549,18 @@ def save_plot(path: Path, rows, metrics, dataset, seeds) -> None:
 
 
 def _protocol_note(config) -> str:
-    return (
+    note = (
         f"Protocol: eval_args {dict(config['eval_args'])}, valid_metric {config['valid_metric']}, "
         f"epochs ≤ {config['epochs']}, stopping_step {config['stopping_step']}."
     )
+    modes = _extra_test_modes(config)
+    if modes:
+        note += (
+            f" Columns <mode>:<metric> test the same best checkpoint, on the same split, "
+            f"under the extra test mode(s) {', '.join(modes)} (uni<N>: the target ranked "
+            "against N uniformly sampled negatives)."
+        )
+    return note
 
 
 # ---------------------------------------------------------------------------- API

@@ -130,6 +130,37 @@ def test_explicit_baselines_and_metrics_retabulate_without_training(small_config
     assert "| p (paired t) SASRec | n/a | n/a |" in table["markdown"]
 
 
+def test_extra_test_modes_become_mode_prefixed_columns(small_config, tmp_path):
+    out = tmp_path / "cmp"
+    overrides = overrides_of(small_config, epochs=1, extra_test_modes=["uni100"])
+    table = compare("BSARec,SASRec", "tiny", seeds="5", overrides=overrides, out=out)
+    assert table["metrics"] == [*METRICS, "uni100:hit@10", "uni100:ndcg@10"]
+    runs = {
+        m: json.loads((out / "runs" / f"{m}-seed5.json").read_text())["summary"]
+        for m in ("BSARec", "SASRec")
+    }
+    for row in table["rows"]:
+        sampled = runs[row["model"]]["extra_test_results"]["uni100"]
+        assert row["uni100:hit@10_mean"] == sampled["hit@10"]
+        assert row["uni100:ndcg@10_mean"] == sampled["ndcg@10"]
+        assert row["hit@10_mean"] == runs[row["model"]]["test_result"]["hit@10"]
+    assert "uni100:hit@10" in table["markdown"] and "extra test mode(s) uni100" in table["markdown"]
+    with open(out / "runs.csv", newline="") as handle:
+        header = next(csv.reader(handle))
+    assert "uni100:ndcg@10" in header
+
+    again = compare(
+        "BSARec,SASRec", "tiny", seeds="5", overrides=overrides, out=out,
+        metrics="uni100:ndcg@20,ndcg@20",
+    )  # fmt: skip
+    assert again["trained"] == [] and again["metrics"] == ["uni100:ndcg@20", "ndcg@20"]
+    with pytest.raises(ComparisonError, match="pop50:hit@10 are not evaluated"):
+        compare(
+            "BSARec,SASRec", "tiny", seeds="5", overrides=overrides, out=out,
+            metrics="pop50:hit@10",
+        )  # fmt: skip
+
+
 BAD_COMPARISONS = [
     (["--compare", "BSARec,NoSuchModel"], "unknown model 'NoSuchModel'"),
     (["--compare", "BSARec,BSARec"], "lists an entry twice"),
