@@ -57,7 +57,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -576,7 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cli(argv: list[str]) -> int:
     from recbole_freq.checkpoint import CheckpointError, UntrustedCheckpointError
-    from recbole_freq.quick_start import EXPECTED_ERRORS
+    from recbole_freq.quick_start import EXPECTED_ERRORS, report_error
 
     args = build_parser().parse_args(argv)
     out = Path(args.out or Path("analysis") / "_vs_".join(Path(p).stem for p in args.analyze))
@@ -588,9 +587,7 @@ def cli(argv: list[str]) -> int:
             for path in args.analyze
         ]
     except (*EXPECTED_ERRORS, CheckpointError, UntrustedCheckpointError) as error:
-        if os.environ.get("RECBOLE_FREQ_DEBUG"):
-            raise
-        print(f"error: {error}", file=sys.stderr)
+        report_error(error)
         return 2
     _labels(results)
     out.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,6 @@ import io
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -729,7 +728,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cli(argv: list[str]) -> int:
-    from recbole_freq.quick_start import EXPECTED_ERRORS, parse_overrides
+    from recbole_freq.quick_start import EXPECTED_ERRORS, parse_overrides, report_error
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -750,10 +749,7 @@ def cli(argv: list[str]) -> int:
             ray_address=args.ray_address,
         )
     except EXPECTED_ERRORS as error:
-        if os.environ.get("RECBOLE_FREQ_DEBUG"):
-            raise
-        print(f"error: {error}", file=sys.stderr)
-        print("(set RECBOLE_FREQ_DEBUG=1 for the full traceback)", file=sys.stderr)
+        report_error(error)
         return 2
     print(result["markdown"])
     for name, path in result["files"].items():

@@ -232,6 +232,16 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def report_error(error: Exception) -> None:
+    """The command lines' answer to bad input: one ``error:`` line and a hint on stderr
+    (the caller returns the exit code); with ``RECBOLE_FREQ_DEBUG=1`` the error propagates
+    with its traceback instead."""
+    if os.environ.get("RECBOLE_FREQ_DEBUG"):
+        raise error
+    print(f"error: {error}", file=sys.stderr)
+    print("(set RECBOLE_FREQ_DEBUG=1 for the full traceback)", file=sys.stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="run_recbole_freq.py",
@@ -317,10 +327,7 @@ def main(argv=None) -> int:
             paper=args.paper,
         )
     except EXPECTED_ERRORS as error:
-        if os.environ.get("RECBOLE_FREQ_DEBUG"):
-            raise
-        print(f"error: {error}", file=sys.stderr)
-        print("(set RECBOLE_FREQ_DEBUG=1 for the full traceback)", file=sys.stderr)
+        report_error(error)
         return 2
     print(format_summary(summary))
     return 0

@@ -269,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cli(argv: list[str]) -> int:
     from recbole_freq.checkpoint import CheckpointError, UntrustedCheckpointError, restore_model
-    from recbole_freq.quick_start import EXPECTED_ERRORS
+    from recbole_freq.quick_start import EXPECTED_ERRORS, report_error
 
     args = build_parser().parse_args(argv)
     fmt = args.format or ("json" if (args.output or "").endswith(".json") else "csv")
@@ -288,9 +288,7 @@ def cli(argv: list[str]) -> int:
         )
         text = format_recommendations(dataset, tokens, items, scores, fmt)
     except (*EXPECTED_ERRORS, CheckpointError, UntrustedCheckpointError) as error:
-        if os.environ.get("RECBOLE_FREQ_DEBUG"):
-            raise
-        print(f"error: {error}", file=sys.stderr)
+        report_error(error)
         return 2
     if args.output:
         write_atomic(args.output, text)

@@ -937,7 +937,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cli(argv: list[str]) -> int:
     """``run_recbole_freq.py --hyper_file ...``: run a search, print the ranked trials."""
-    from recbole_freq.quick_start import EXPECTED_ERRORS, parse_overrides
+    from recbole_freq.quick_start import EXPECTED_ERRORS, parse_overrides, report_error
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -965,10 +965,7 @@ def cli(argv: list[str]) -> int:
             verbose=args.verbose,
         )
     except (*EXPECTED_ERRORS, TrialsFailedError) as error:
-        if os.environ.get("RECBOLE_FREQ_DEBUG"):
-            raise
-        print(f"error: {error}", file=sys.stderr)
-        print("(set RECBOLE_FREQ_DEBUG=1 for the full traceback)", file=sys.stderr)
+        report_error(error)
         return 1 if isinstance(error, TrialsFailedError) else 2
     print(summary["table"])
     print()
