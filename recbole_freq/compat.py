@@ -34,11 +34,19 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
    ``FileExistsError`` on ``log/<model>``.  Every module that imported it gets a version
    that creates the folder with ``exist_ok=True``.
 
+7. ``recbole.utils.init_logger`` ends with ``logging.basicConfig(handlers=[stream, file])``,
+   which does nothing once the root logger has handlers.  Every later run in the same
+   process (a comparison, a reused Ray worker, a test session) wrote into the first run's
+   log file, with the first run's level, and left its own log file empty.  The replacement
+   swaps the handlers of the previous run (closing its file) for the new run's, and keeps
+   handlers that others installed (pytest, Ray).
+
 ``apply()`` is idempotent and runs when ``recbole_freq`` is imported.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import types
 
@@ -172,6 +180,40 @@ def _make_ensure_dir_race_free() -> None:
             module.ensure_dir = ensure_dir_race_free
 
 
+# Marks the root-logger handlers that a run's ``init_logger`` installed (fix 7).
+_RUN_HANDLER_FLAG = "_recbole_freq_run_handler"
+
+
+def _init_logger_per_run(original):
+    def init_logger(config):
+        root = logging.getLogger()
+        installed_by_others = [h for h in root.handlers if not hasattr(h, _RUN_HANDLER_FLAG)]
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+            if hasattr(handler, _RUN_HANDLER_FLAG):
+                handler.close()
+        try:
+            original(config)  # basicConfig now installs this run's stream and file handlers
+        finally:
+            for handler in root.handlers:
+                setattr(handler, _RUN_HANDLER_FLAG, True)
+            for handler in installed_by_others:
+                root.addHandler(handler)
+
+    init_logger.__wrapped__ = original
+    return init_logger
+
+
+def _give_each_run_its_own_log() -> None:
+    import recbole.quick_start.quick_start as quick_start
+    import recbole.utils
+    import recbole.utils.logger
+
+    replacement = _init_logger_per_run(recbole.utils.logger.init_logger)
+    for module in (recbole.utils.logger, recbole.utils, quick_start):
+        module.init_logger = replacement
+
+
 def apply() -> None:
     """Install every fix once; safe to call repeatedly."""
     global _applied
@@ -182,4 +224,5 @@ def apply() -> None:
     _patch_recbole_checkpoint_loading()
     _contain_sine_anomaly_detection()
     _make_ensure_dir_race_free()
+    _give_each_run_its_own_log()
     _applied = True

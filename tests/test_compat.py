@@ -98,3 +98,25 @@ def test_recbole_ensure_dir_tolerates_a_folder_created_meanwhile(tmp_path, monke
     for ensure_dir in (recbole.utils.utils.ensure_dir, recbole.utils.logger.ensure_dir):
         ensure_dir(str(folder))
     assert folder.is_dir()
+
+
+def test_each_run_in_one_process_writes_its_own_log(small_config, tmp_path):
+    import logging
+
+    from recbole_freq.quick_start import run
+
+    root = logging.getLogger()
+    others = [h for h in root.handlers if not hasattr(h, "_recbole_freq_run_handler")]
+    for model in ("SASRec", "GRU4Rec"):
+        run(model, "tiny", config_dict=dict(small_config, epochs=1, state="INFO"))
+    logs = {
+        model: list((tmp_path / "log" / model).glob("*.log")) for model in ("SASRec", "GRU4Rec")
+    }
+    assert [len(files) for files in logs.values()] == [1, 1]
+    sasrec, gru4rec = (files[0].read_text() for files in logs.values())
+    assert "SASRec(" in sasrec and "GRU4Rec(" not in sasrec
+    assert "GRU4Rec(" in gru4rec and "valid result" in gru4rec
+    # One stream and one file handler of the latest run, plus whatever pytest installed.
+    run_handlers = [h for h in root.handlers if hasattr(h, "_recbole_freq_run_handler")]
+    assert sorted(type(h).__name__ for h in run_handlers) == ["FileHandler", "StreamHandler"]
+    assert all(h in root.handlers for h in others)
