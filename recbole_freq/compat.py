@@ -19,7 +19,9 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
 3. pandas 3 breaks RecBole silently (chained ``fillna(..., inplace=True)`` fills nothing
    under copy-on-write) and loudly (id remapping on datasets with ``.user``/``.item``
    files).  There is no safe patch for a silent change, so we require pandas < 3 and say
-   so at import time.
+   so at import time.  pandas 2.x's ``FutureWarning`` about exactly these calls, printed
+   several times per dataset load, is then only noise and is silenced for RecBole's
+   dataset module alone.
 4. Importing RecBole's sequential models runs ``sine.py``, which calls
    ``torch.autograd.set_detect_anomaly(True)`` for the whole process: every later
    backward pass of every model is checked and traced, several times slower, with
@@ -49,6 +51,7 @@ from __future__ import annotations
 import logging
 import os
 import types
+import warnings
 
 import numpy as np
 
@@ -86,6 +89,13 @@ def _require_pandas_below_3() -> None:
             "silently fills no missing values under pandas 3's copy-on-write and fails "
             "to remap ids. Install a supported version: pip install 'pandas>=2.2,<3'"
         )
+    warnings.filterwarnings(
+        "ignore",
+        message="A value is trying to be set on a copy of a DataFrame or Series through "
+        "chained assignment",
+        category=FutureWarning,
+        module=r"recbole\.data\.dataset\.dataset",
+    )
 
 
 def register_own_checkpoint(path: str) -> None:

@@ -64,6 +64,23 @@ def test_recbole_never_downloads_a_missing_dataset(tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing created, nothing downloaded
 
 
+def test_loading_a_dataset_shows_no_pandas_chained_assignment_noise(tiny_data):
+    # A fresh interpreter: pytest's own warning filters (setup.cfg) would hide the noise.
+    code = (
+        "import recbole_freq, pandas as pd\n"
+        "from recbole.data import create_dataset\n"
+        "from recbole_freq.config import FreqConfig\n"
+        f"create_dataset(FreqConfig('SASRec', 'tiny', cmd_overrides={{'data_path': {str(tiny_data)!r}}}))\n"
+        "frame = pd.DataFrame({'a': [1.0, None]})\n"
+        "frame['a'].fillna(0, inplace=True)  # outside RecBole: still warned\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-W", "default", "-c", code], capture_output=True, text=True, check=True
+    )
+    noise = [line for line in result.stderr.splitlines() if "chained assignment" in line]
+    assert len(noise) == 1 and noise[0].startswith("<string>:")
+
+
 def test_importing_recbole_freq_restores_everything_in_a_fresh_process():
     code = "import recbole_freq, numpy as np; from recbole.config import Config; print(np.float_)"
     result = subprocess.run(
