@@ -460,14 +460,17 @@ def markdown_table(rows, metrics, dataset, seeds, protocol: str = "") -> str:
     for metric in metrics:
         pick = min if _smaller_is_better(metric) else max
         best[metric] = pick(row[f"{metric}_mean"] for row in rows)
+    # With one seed there is no spread to show: values alone.
+    spread = len(seeds) > 1
     for row in rows:
         cells = [row["model"] + (" (baseline)" if row["role"] == "baseline" else "")]
         for metric in metrics:
-            text = f"{row[f'{metric}_mean']:.4f} ± {row[f'{metric}_std']:.4f}"
+            text = f"{row[f'{metric}_mean']:.4f}"
+            text += f" ± {row[f'{metric}_std']:.4f}" if spread else ""
             cells.append(f"**{text}**" if row[f"{metric}_mean"] == best[metric] else text)
+        seconds = _seconds(row["train_seconds_per_epoch_mean"])
         cells += [
-            f"{_seconds(row['train_seconds_per_epoch_mean'])} ± "
-            f"{_seconds(row['train_seconds_per_epoch_std'])}",
+            seconds + (f" ± {_seconds(row['train_seconds_per_epoch_std'])}" if spread else ""),
             f"{row['epochs_run_mean']:.1f}",
             f"{row['parameters']:,}",
         ]
@@ -485,8 +488,13 @@ def markdown_table(rows, metrics, dataset, seeds, protocol: str = "") -> str:
 
     notes = [
         "",
-        f"Dataset {dataset}; test results, mean ± sample std over {len(seeds)} seed(s) "
-        f"({', '.join(map(str, seeds))}); best mean per metric in bold.",
+        f"Dataset {dataset}; test results, "
+        + (
+            f"mean ± sample std over {len(seeds)} seeds ({', '.join(map(str, seeds))}); "
+            "best mean per metric in bold."
+            if spread
+            else f"one seed ({seeds[0]}); best per metric in bold."
+        ),
     ]
     # The best baseline per metric is the same for every proposed row.
     references = {

@@ -128,6 +128,9 @@ def test_explicit_baselines_and_metrics_retabulate_without_training(small_config
     # One seed: no paired test.
     assert table["rows"][1]["ndcg@10_p_value"] is None
     assert "| p (paired t) SASRec | n/a | n/a |" in table["markdown"]
+    # One seed: values without a spread.
+    row_text = next(line for line in table["markdown"].splitlines() if line.startswith("| SASRec"))
+    assert "±" not in row_text and "one seed (5)" in table["markdown"]
 
 
 def test_extra_test_modes_become_mode_prefixed_columns(small_config, tmp_path):
