@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from recbole_freq.model import MODELS
+from recbole_freq.quick_start import extra_test_modes
 
 DEFAULT_SEEDS = (2024, 2025, 2026)
 DEFAULT_METRICS = tuple(f"{name}@{k}" for name in ("hit", "ndcg") for k in (5, 10, 20))
@@ -291,18 +292,13 @@ def _headline(summary: dict) -> str:
 # ---------------------------------------------------------------------------- statistics
 
 
-def _extra_test_modes(config) -> list[str]:
-    modes = config["extra_test_modes"] or []
-    return [modes] if isinstance(modes, str) else list(modes)
-
-
 def _available_metrics(config) -> set[str]:
     """The test metrics of the run's own protocol (``hit@10``) and, for every entry of
     ``extra_test_modes``, the same metrics under that mode (``uni100:hit@10``)."""
     names = [m.lower() for m in config["metrics"]]
     topk = config["topk"] if isinstance(config["topk"], list) else [config["topk"]]
     own = {f"{name}@{k}" for name in names for k in topk} | set(names)
-    return own | {f"{mode}:{m}" for mode in _extra_test_modes(config) for m in own}
+    return own | {f"{mode}:{m}" for mode in extra_test_modes(config) for m in own}
 
 
 def _choose_metrics(metrics, config) -> list[str]:
@@ -312,7 +308,7 @@ def _choose_metrics(metrics, config) -> list[str]:
             m for m in available if ":" not in m
         )
         extra = [
-            f"{mode}:{m}" for mode in _extra_test_modes(config) for m in DEFAULT_EXTRA_MODE_METRICS
+            f"{mode}:{m}" for mode in extra_test_modes(config) for m in DEFAULT_EXTRA_MODE_METRICS
         ]
         return chosen + [m for m in extra if m in available]
     chosen = [m.strip().lower() for m in metrics if m.strip()]
@@ -560,7 +556,7 @@ def _protocol_note(config) -> str:
         f"Protocol: eval_args {dict(config['eval_args'])}, valid_metric {config['valid_metric']}, "
         f"epochs ≤ {config['epochs']}, stopping_step {config['stopping_step']}."
     )
-    modes = _extra_test_modes(config)
+    modes = extra_test_modes(config)
     if modes:
         note += (
             f" Columns <mode>:<metric> test the same best checkpoint, on the same split, "

@@ -89,6 +89,10 @@ def _require_pandas_below_3() -> None:
             "silently fills no missing values under pandas 3's copy-on-write and fails "
             "to remap ids. Install a supported version: pip install 'pandas>=2.2,<3'"
         )
+
+
+def _silence_pandas_chained_assignment_notice() -> None:
+    # Only RecBole's dataset module: the same notice from user code still shows (fix 3).
     warnings.filterwarnings(
         "ignore",
         message="A value is trying to be set on a copy of a DataFrame or Series through "
@@ -231,6 +235,7 @@ def apply() -> None:
         return
     _restore_numpy_aliases()
     _require_pandas_below_3()
+    _silence_pandas_chained_assignment_notice()
     _patch_recbole_checkpoint_loading()
     _contain_sine_anomaly_detection()
     _make_ensure_dir_race_free()

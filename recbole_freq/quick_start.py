@@ -154,15 +154,19 @@ def unique_checkpoint_path(config) -> str:
     return str(Path(config["checkpoint_dir"]) / name)
 
 
+def extra_test_modes(config) -> list[str]:
+    """The run's ``extra_test_modes`` as a list (a single mode may be given as a string)."""
+    modes = config["extra_test_modes"] or []
+    return [modes] if isinstance(modes, str) else list(modes)
+
+
 def evaluate_extra_test_modes(config, recbole_dataset, loaders, trainer, saved) -> dict:
     """Test the trained model under more RecBole evaluation modes than the one it was
     validated with, on the same split: ``extra_test_modes: [uni100]`` adds the sampled
     protocol (100 uniform negatives per user, as in the Rec-Denoiser and SASRec papers) to
     a full-sort run without training again.  Negatives are drawn after re-seeding, so
     the result is reproducible.  The split datasets are the run's own (noise included)."""
-    modes = config["extra_test_modes"] or []
-    if isinstance(modes, str):
-        modes = [modes]
+    modes = extra_test_modes(config)
     results = {}
     original_mode = dict(config["eval_args"]["mode"])
     original_neg_args = config["test_neg_sample_args"]
