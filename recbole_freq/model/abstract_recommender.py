@@ -19,6 +19,7 @@ from recbole_freq.model.layers import (
     build_attention_mask,
     build_encoder,
     init_weights,
+    sparsity_penalty_scale,
 )
 
 LOSS_TYPES = ("CE", "BPR")
@@ -79,12 +80,29 @@ class TransformerRecommender(SequentialRecommender):
             config["layer_norm_eps"],
         )
         self.encoder = build_encoder(**self.encoder_settings(config))
+        self.scale_sparsity_penalties(config, dataset)
         self.objective = DenoisingObjective(
             config_value(config, "jacobian_gamma", 0.0),
             config_value(config, "jacobian_projections", 1),
         )
         self.build_head(config)
         self.apply(lambda module: init_weights(module, self.initializer_range))
+
+    def scale_sparsity_penalties(self, config, dataset) -> None:
+        """Put every ``denoise`` operator's eq. 8 penalty on the scale of the batch-mean
+        loss (``sparsity_normalization``, see ``layers.sparsity_penalty_scale``); N is the
+        number of training rows of ``dataset``, the training split the model is built
+        with."""
+        operators = [m for m in self.encoder.modules() if isinstance(m, DenoisingMaskAttention)]
+        if not operators:
+            return
+        scale = sparsity_penalty_scale(
+            config_value(config, "sparsity_normalization", "train_examples"),
+            len(dataset),
+            config["train_batch_size"],
+        )
+        for operator in operators:
+            operator.sparsity_scale = scale
 
     def build_head(self, config) -> None:
         """Output layers beyond the item embedding (none by default)."""

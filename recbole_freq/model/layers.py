@@ -775,6 +775,41 @@ RESIDUAL_PATHS["fourier_truncated"] = Component(
 
 MASK_ESTIMATORS = ("ARM", "AR")
 MASK_SAMPLING = ("batch", "sequence")
+SPARSITY_NORMALIZATIONS = ("train_examples", "batch", "none")
+
+
+def sparsity_penalty_scale(normalization, train_examples: int, batch_size: int) -> float:
+    """Factor that puts eq. 8's ``beta * sum sigmoid(Phi)`` on the scale of a loss that is
+    a *mean* over the mini-batch's training rows (RecBole's losses and ours).
+
+    Eq. 13 adds ``beta R_M`` once to ``L_BCE``, a *sum* over every training sequence and
+    position (eq. 4); ``R_M`` depends on no input, so divided per training row it is
+    ``beta R_M / N``:
+
+    - ``train_examples`` (default): ``1 / N``, N the training rows of one epoch (one per
+      target for SASRec-style rows); eq. 13 divided by N, so beta keeps the paper's weight
+      against the whole training loss;
+    - ``batch``: ``1 / batch_size``, Algorithm 1 read literally (eq. 13 per mini-batch
+      with the loss summed over the batch);
+    - ``none``: 1, beta added as is to the batch-mean loss.  That is N times stronger than
+      eq. 13 (about 49,000 on lastfm): at the paper's beta 0.01 every mask is pruned.
+    """
+    if normalization not in SPARSITY_NORMALIZATIONS:
+        raise ValueError(
+            f"sparsity_normalization={normalization!r} is unknown; choose 'train_examples' "
+            "(eq. 13 per training row: beta / N), 'batch' (beta / train_batch_size) or "
+            "'none' (beta added as is to the batch-mean loss)"
+        )
+    if normalization == "none":
+        return 1.0
+    count = train_examples if normalization == "train_examples" else batch_size
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(
+            f"sparsity_normalization={normalization!r} needs a positive number of "
+            f"{'training rows' if normalization == 'train_examples' else 'rows per batch'}, "
+            f"got {count!r}"
+        )
+    return 1.0 / count
 
 
 def _denoise_non_negative(value, name: str, hint: str) -> float:
@@ -835,7 +870,9 @@ class DenoisingMaskAttention(nn.Module):
       one per sequence (``sequence``: still unbiased, lower variance).  ``Z`` is a hard
       threshold, so no gradient reaches ``Phi`` through the forward pass; ``Phi`` learns
       from ``estimator_surrogate`` (run by ``DenoisingObjective``) and from the sparsity
-      penalty ``regularization_loss() = sparsity_beta * sum sigmoid(Phi)`` (eq. 8).
+      penalty ``regularization_loss() = sparsity_scale * sparsity_beta * sum
+      sigmoid(Phi)`` (eq. 8; ``sparsity_scale`` from ``sparsity_penalty_scale``, set by
+      the model, 1 for an operator on its own).
     - Inference (``eval()``): the deterministic mask ``sigmoid(Phi)`` where it exceeds 0.5
       and 0 elsewhere (section 4.1.2), see ``inference_mask``.
 
@@ -878,6 +915,7 @@ class DenoisingMaskAttention(nn.Module):
                 "probability sigmoid(Phi), e.g. 0.9"
             )
         self.mask_sampling = mask_sampling
+        self.sparsity_scale = 1.0
         heads = n_heads if mask_per_head else 1
         logit = torch.logit(torch.tensor(init, dtype=torch.float64)).item()
         self.phi = nn.Parameter(torch.full((heads, max_seq_length, max_seq_length), logit))
@@ -968,7 +1006,7 @@ class DenoisingMaskAttention(nn.Module):
         return (align_masks(self.phi, index) * weight).sum()
 
     def regularization_loss(self):
-        """Sparsity penalty of eq. 8: ``sparsity_beta * sum sigmoid(Phi)``."""
+        """Sparsity penalty of eq. 8, ``sparsity_scale * sparsity_beta * sum sigmoid(Phi)``."""
         if self.training and not self._driven:
             raise ValueError(
                 "attention_operator='denoise' learns its masks with the ARM / AR estimator, "
@@ -978,13 +1016,14 @@ class DenoisingMaskAttention(nn.Module):
             )
         if self.sparsity_beta == 0.0:
             return 0.0
-        return self.sparsity_beta * torch.sigmoid(self.phi).sum()
+        return self.sparsity_scale * self.sparsity_beta * torch.sigmoid(self.phi).sum()
 
     def extra_repr(self) -> str:
         heads, seq_len = self.phi.size(0), self.phi.size(-1)
         return (
             f"estimator={self.estimator}, masks={heads}x{seq_len}x{seq_len}, "
-            f"sparsity_beta={self.sparsity_beta}, mask_sampling={self.mask_sampling}"
+            f"sparsity_beta={self.sparsity_beta}, sparsity_scale={self.sparsity_scale:.3g}, "
+            f"mask_sampling={self.mask_sampling}"
         )
 
 
@@ -1051,8 +1090,9 @@ class DenoisingObjective:
        ``torch.no_grad()``, replaying pass 1's dropout draws (common random numbers): it
        contributes only its loss value, to the ``Phi`` estimate;
     4. ``Phi`` gets the ARM / AR estimate (``estimator_surrogate``, whose value is
-       removed from the loss) plus the gradient of ``beta * sum sigmoid(Phi)``; nothing
-       else reaches ``Phi`` (the masks are hard thresholds);
+       removed from the loss) plus the gradient of the scaled ``beta * sum sigmoid(Phi)``
+       (``sparsity_penalty_scale``); nothing else reaches ``Phi`` (the masks are hard
+       thresholds);
     5. ``gamma * R_J`` (``jacobian_gamma > 0``) on pass 1's blocks, mean over the batch,
        gives the backbone parameters a second gradient (double backward); ``Phi`` gets
        none from it (``Z`` is fixed within the pass);
