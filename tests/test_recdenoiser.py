@@ -24,6 +24,7 @@ from recbole_freq.model.layers import (
     build_encoder,
     jacobian_norm_estimate,
     mask_alignment_index,
+    sparsity_penalty_scale,
 )
 from recbole_freq.noise import corrupt_sequences
 from recbole_freq.quick_start import run
@@ -248,6 +249,56 @@ def test_inference_masks_are_deterministic_causal_and_follow_the_paper(small_con
     torch.testing.assert_close(weights, expected)
     assert weights.triu(1).abs().sum() == 0
     assert torch.equal(weights, operator(query, key, value, attention_mask))
+
+
+# --- scale of the sparsity penalty -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "model, normalization",
+    [
+        ("RecDenoiser", "train_examples"),
+        ("RecDenoiser", "batch"),
+        ("RecDenoiser", "none"),
+        ("BERT4RecDenoiser", "train_examples"),
+    ],
+)
+def test_sparsity_penalty_is_eq_13_per_training_row(small_config, model, normalization):
+    """Eq. 13 adds ``beta R_M`` once to a loss summed over all N training rows; our loss
+    is a batch mean, so the default divides the penalty by N (``len`` of the training
+    split the model is built with, one row per target), ``batch`` by the batch size."""
+    overrides = dict(small_config, sparsity_beta=0.02, sparsity_normalization=normalization)
+    config, train, _, _ = prepare(model, overrides)
+    recommender = {"RecDenoiser": RecDenoiser, "BERT4RecDenoiser": BERT4RecDenoiser}[model](
+        config, train._dataset
+    )
+    rows = len(train._dataset)
+    assert rows == sum(len(batch) for batch in train) > config["train_batch_size"]
+    expected_scale = {
+        "train_examples": 1.0 / rows,
+        "batch": 1.0 / config["train_batch_size"],
+        "none": 1.0,
+    }[normalization]
+    with torch.no_grad():
+        for operator in operators(recommender):
+            operator.phi.copy_(torch.randn_like(operator.phi))
+    for operator in operators(recommender):
+        operator.begin_step(None)  # as inside DenoisingObjective
+        assert operator.sparsity_scale == pytest.approx(expected_scale)
+        penalty = operator.regularization_loss()
+        raw = 0.02 * torch.sigmoid(operator.phi).sum()
+        torch.testing.assert_close(penalty, raw * expected_scale)
+        operator.end_step()
+
+
+def test_sparsity_penalty_scale_rejects_unknown_normalization_and_empty_splits():
+    assert sparsity_penalty_scale("none", 0, 0) == 1.0
+    with pytest.raises(ValueError, match="sparsity_normalization='epoch' is unknown"):
+        sparsity_penalty_scale("epoch", 100, 10)
+    with pytest.raises(ValueError, match="needs a positive number of training rows"):
+        sparsity_penalty_scale("train_examples", 0, 10)
+    with pytest.raises(ValueError, match="rows per batch"):
+        sparsity_penalty_scale("batch", 100, 0)
 
 
 # --- equivalence with the unchanged backbones ---------------------------------------------
@@ -572,6 +623,7 @@ def recdenoiser_setup(small_config):
         ("jacobian_projections", 0, "jacobian_projections=0 must be an integer >= 1"),
         ("mask_sampling", "token", "mask_sampling='token' is unknown"),
         ("mask_init_prob", 1.0, r"mask_init_prob=1.0 must lie in \(0, 1\)"),
+        ("sparsity_normalization", "epoch", "sparsity_normalization='epoch' is unknown"),
         ("loss_type", "BCE", "needs sampled negatives"),
     ],
 )
