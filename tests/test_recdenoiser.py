@@ -197,6 +197,33 @@ def test_jacobian_estimator_matches_exact_frobenius_norm_and_is_differentiable()
     assert block.mixer.attention.qkv.weight.grad.abs().sum() > 0
 
 
+def test_jacobian_penalty_is_per_position_by_default_or_per_sequence():
+    """``position`` divides each sequence's ``||J||_F^2`` by its real positions, so gamma
+    does not grow with the sequence length; ``sequence`` keeps the whole block's norm."""
+    encoder = tiny_encoder(estimator="AR")
+    encoder.eval()
+    item_seq = torch.tensor([[1, 2, 3], [4, 5, 0], [6, 0, 0]])
+    mask, positions = build_attention_mask(item_seq), item_seq != 0
+    hidden = torch.randn(3, 3, 4, requires_grad=True)
+    output = encoder.blocks[0](hidden, mask)
+    result = DenoisingPass(torch.zeros(3), [hidden], [output], positions)
+
+    torch.manual_seed(11)
+    per_sequence = jacobian_norm_estimate(hidden, output, positions, n_projections=3)
+    penalties = {}
+    for normalization in ("position", "sequence"):
+        objective = DenoisingObjective(0.1, 3, normalization)
+        torch.manual_seed(11)  # the same projections
+        penalties[normalization] = objective.jacobian_penalty(result)
+    torch.testing.assert_close(penalties["sequence"], per_sequence.mean())
+    torch.testing.assert_close(
+        penalties["position"], (per_sequence / torch.tensor([3.0, 2.0, 1.0])).mean()
+    )
+    assert DenoisingObjective(0.1).jacobian_normalization == "position"
+    with pytest.raises(ValueError, match="jacobian_normalization='token' is unknown"):
+        DenoisingObjective(0.1, 1, "token")
+
+
 # --- masks ----------------------------------------------------------------------------------
 
 
@@ -624,6 +651,7 @@ def recdenoiser_setup(small_config):
         ("mask_sampling", "token", "mask_sampling='token' is unknown"),
         ("mask_init_prob", 1.0, r"mask_init_prob=1.0 must lie in \(0, 1\)"),
         ("sparsity_normalization", "epoch", "sparsity_normalization='epoch' is unknown"),
+        ("jacobian_normalization", "block", "jacobian_normalization='block' is unknown"),
         ("loss_type", "BCE", "needs sampled negatives"),
     ],
 )

@@ -84,6 +84,7 @@ class TransformerRecommender(SequentialRecommender):
         self.objective = DenoisingObjective(
             config_value(config, "jacobian_gamma", 0.0),
             config_value(config, "jacobian_projections", 1),
+            config_value(config, "jacobian_normalization", "position"),
         )
         self.build_head(config)
         self.apply(lambda module: init_weights(module, self.initializer_range))
