@@ -549,6 +549,41 @@ def test_uni100_protocol_file(small_config):
     assert "mode: full" in full.read_text()
 
 
+@pytest.mark.parametrize("model", ["RecDenoiser", "BERT4RecDenoiser"])
+def test_sampled_evaluation_encodes_each_sequence_once_with_the_same_scores(small_config, model):
+    """A uni100 batch repeats each user's sequence once per candidate; ``predict``
+    encodes each distinct sequence once and must score exactly as row by row."""
+    protocol = str(properties_dir() / "protocol" / "uni100.yaml")
+    config = FreqConfig(model, "tiny", [protocol], cmd_overrides=small_config)
+    init_seed(config["seed"], config["reproducibility"])
+    _, _, test = data_preparation(config, create_dataset(config))
+    recommender = {"RecDenoiser": RecDenoiser, "BERT4RecDenoiser": BERT4RecDenoiser}[model](
+        config, test._dataset
+    )
+    with torch.no_grad():
+        for operator in operators(recommender):
+            operator.phi.copy_(torch.randn_like(operator.phi))
+    recommender.eval()
+    batch = first_batch(test)
+    item_seq, lengths = batch["item_id_list"], batch["item_length"]
+    assert torch.unique(item_seq, dim=0).size(0) * 50 < item_seq.size(0)  # 101 rows a user
+
+    calls = []
+    recommender.encoder.register_forward_hook(
+        lambda module, args, output: calls.append(args[0].size(0))
+    )
+    with torch.no_grad():
+        scores = recommender.predict(batch)
+        every_row = recommender.forward(item_seq, lengths)  # no deduplication
+    items = batch["item_id"]
+    expected = (every_row * recommender.item_embedding(items)).sum(-1)
+    if model == "BERT4RecDenoiser":
+        expected = expected + recommender.output_bias[items]
+    assert calls[0] == torch.unique(item_seq, dim=0).size(0) and calls[1] == len(item_seq)
+    torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-6)
+    assert scores.shape == lengths.shape
+
+
 # --- noise ----------------------------------------------------------------------------------
 
 
