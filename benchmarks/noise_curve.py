@@ -63,7 +63,9 @@ def run_grid(args, folder: Path):
                     "hidden_size",
                     "estimator",
                     "sparsity_beta",
+                    "sparsity_normalization",
                     "jacobian_gamma",
+                    "jacobian_normalization",
                     "noise_scope",
                 )
             }
