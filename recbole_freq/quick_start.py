@@ -22,6 +22,7 @@ from recbole.utils import get_trainer, init_logger, init_seed
 
 from recbole_freq.config import FreqConfig, UnknownModelError, get_model_class
 from recbole_freq.data import DatasetNotPreparedError, check_prepared
+from recbole_freq.evaluation import use_full_sort_for_sampled_scoring
 from recbole_freq.noise import corrupt_training_data
 
 DEFAULT_MODEL = "BSARec"
@@ -95,6 +96,7 @@ def run(
     model_instance = get_model_class(config["model"])(config, train_data._dataset).to(
         config["device"]
     )
+    use_full_sort_for_sampled_scoring(model_instance)
     logger.info(model_instance)
     trainer = get_trainer(config["MODEL_TYPE"], config["model"])(config, model_instance)
     trainer.saved_model_file = unique_checkpoint_path(config)

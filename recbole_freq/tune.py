@@ -296,6 +296,7 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
 
     from recbole_freq.config import FreqConfig, get_model_class
     from recbole_freq.data import check_prepared
+    from recbole_freq.evaluation import use_full_sort_for_sampled_scoring
     from recbole_freq.noise import corrupt_training_data
     from recbole_freq.quick_start import (
         TrainingRecorder,
@@ -329,6 +330,7 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
 
     init_seed(config["seed"] + config["local_rank"], config["reproducibility"])
     model = get_model_class(config["model"])(config, train_data._dataset).to(config["device"])
+    use_full_sort_for_sampled_scoring(model)
     trainer = get_trainer(config["MODEL_TYPE"], config["model"])(config, model)
     trainer.saved_model_file = unique_checkpoint_path(config)
     recorder = TrainingRecorder(trainer)
