@@ -4,7 +4,7 @@ once per candidate item, for every sequential model, RecBole's built-ins include
 RecBole's sampled loader gives each candidate (the target and the sampled negatives) its
 own row with a copy of the user's sequence and scores the rows with ``predict``, so a
 Transformer encodes every sequence 101 times under ``uni100``: on amazon-beauty (22,363
-test users) that was more than an hour on one CPU core for RecBole's SASRec.  Scoring a
+test users) that is an estimated hour on one CPU core for RecBole's SASRec.  Scoring a
 candidate is reading one entry of the model's full-sort scores, so ``SampledScorer``
 computes ``full_sort_predict`` once per distinct (user, sequence) and gathers.
 """
