@@ -56,11 +56,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from recbole_freq.files import OutputWriteError, check_writable, write_atomic
 
 MIN_SPECTRAL_LENGTH = 4
 DEFAULT_MAX_SEQUENCES = 512
@@ -379,10 +380,12 @@ def model_specific(model, batches) -> dict:
 def _save_figure(figure, path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
-    figure.savefig(temporary, dpi=120, bbox_inches="tight")
-    plt.close(figure)
-    os.replace(temporary, path)
+    try:
+        write_atomic(
+            path, lambda handle: figure.savefig(handle, format="png", dpi=120, bbox_inches="tight")
+        )
+    finally:
+        plt.close(figure)
 
 
 def write_figures(results: list[dict], out: Path) -> list[str]:
@@ -535,14 +538,18 @@ def write_figures(results: list[dict], out: Path) -> list[str]:
 
 def analyse_checkpoint(path, data_path=None, max_sequences=DEFAULT_MAX_SEQUENCES, device="cpu"):
     """Load ``path`` safely, rebuild its dataset and analyse it on validation sequences."""
-    from recbole_freq.checkpoint import restore_model
+    import sys
 
-    model, config, _, loaders, _ = restore_model(path, data_path, device)
+    from recbole_freq.checkpoint import describe_checkpoint, restore_model
+
+    model, config, _, loaders, checkpoint = restore_model(path, data_path, device)
+    print(describe_checkpoint(path, config, checkpoint), file=sys.stderr)
     valid_data = loaders[1]
     batches = (batch[0] if isinstance(batch, tuple) else batch for batch in valid_data)
     result = analyse_model(model, batches, max_sequences)
     return {
         "checkpoint": str(path),
+        "weights_sha256": checkpoint["weights_sha256"],
         "model": config["model"],
         "dataset": config["dataset"],
         **result,
@@ -582,23 +589,23 @@ def cli(argv: list[str]) -> int:
     try:
         if args.max_sequences < 1:
             raise ValueError(f"--max_sequences={args.max_sequences} must be >= 1")
+        check_writable(out, "--out")
         results = [
             analyse_checkpoint(path, args.data_path, args.max_sequences, args.device)
             for path in args.analyze
         ]
     except (*EXPECTED_ERRORS, CheckpointError, UntrustedCheckpointError) as error:
-        report_error(error)
-        return 2
+        return report_error(error)
     _labels(results)
-    out.mkdir(parents=True, exist_ok=True)
-    figures = write_figures(results, out)
-    report = {
-        "definitions": "see recbole_freq/analysis.py",
-        "figures": figures,
-        "checkpoints": results,
-    }
-    temporary = out / f".analysis.json.{os.getpid()}.tmp"
-    temporary.write_text(json.dumps(report, indent=1))
-    os.replace(temporary, out / "analysis.json")
+    try:
+        figures = write_figures(results, out)
+        report = {
+            "definitions": "see recbole_freq/analysis.py",
+            "figures": figures,
+            "checkpoints": results,
+        }
+        write_atomic(out / "analysis.json", json.dumps(report, indent=1))
+    except OutputWriteError as error:
+        return report_error(error)
     print(f"wrote {', '.join(figures)} and analysis.json to {out}")
     return 0

@@ -28,8 +28,14 @@ allowlist, and only the harmless ones among them may be *called* (``REDUCE`` /
 
 Before anything is unpickled, the file's pickle stream is scanned (parsed, not run) for
 the globals it names; a checkpoint naming anything else is refused with
-``UntrustedCheckpointError`` and is never unpickled.  The full (unsafe) loader stays
-reserved for files the same process wrote (``recbole_freq.compat``), and is not used here.
+``UntrustedCheckpointError`` and is never unpickled.  No checkpoint is ever unpickled
+in full, not even one this process wrote: RecBole's trainer loads through this module too
+(``recbole_freq.compat``, fix 2), because a file is trusted by its content, never by its
+path.
+
+Rebuilding a checkpoint's dataset (``restore_model``) reads only the atomic files: RecBole's
+pickled dataset and dataloader caches are never read (``recbole_freq.compat``, fix 8), and
+cache paths named in the checkpoint's config are dropped with a warning.
 """
 
 from __future__ import annotations
@@ -49,6 +55,10 @@ __all__ = [
     "CheckpointError",
     "UntrustedCheckpointError",
     "load_checkpoint",
+    "describe_checkpoint",
+    "restore_model",
+    "verify_archive",
+    "weights_fingerprint",
     "pickled_globals",
     "allowed_globals",
 ]
@@ -256,6 +266,7 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
             f"checkpoint {str(path)!r} does not exist (RecBole writes them to "
             "checkpoint_dir, saved/ by default)"
         )
+    verify_archive(path)
     # First refusal point: the globals the stream names, found without unpickling.
     restricted = _restricted_pickle_module(allowed_globals(pickled_globals(path)))
     try:
@@ -280,7 +291,54 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     state = checkpoint["state_dict"]
     if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
         raise CheckpointError(f"{str(path)!r}: its 'state_dict' does not hold only tensors")
+    broken = [
+        name
+        for name, value in state.items()
+        if value.is_floating_point() and not bool(torch.isfinite(value).all())
+    ]
+    if broken:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} holds non-finite weights (NaN or infinity) in "
+            f"{', '.join(broken[:5])}{' ...' if len(broken) > 5 else ''}: the training run "
+            "diverged or the file was damaged; use another checkpoint"
+        )
     return checkpoint
+
+
+def verify_archive(path: str | os.PathLike) -> None:
+    """``CheckpointError`` unless every record of the ``torch.save`` archive matches the
+    CRC-32 that ``torch.save`` stored for it (a flipped bit anywhere, weights included,
+    is caught here; torch's own reader does not check)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except zipfile.BadZipFile as error:
+        raise CheckpointError(
+            f"{str(path)!r} is not a checkpoint written by torch.save (not a zip archive: "
+            f"{error}); only RecBole .pth checkpoints are accepted"
+        ) from error
+    except (OSError, EOFError, ValueError, RuntimeError) as error:  # zlib and read errors
+        raise CheckpointError(f"checkpoint {str(path)!r} cannot be read: {error}") from error
+    if damaged is not None:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is damaged: record {damaged!r} does not match its "
+            "CRC-32 (corrupted on disk or in transfer); use another copy"
+        )
+
+
+def weights_fingerprint(state_dict: dict) -> str:
+    """sha256 of a model's weights (names, dtypes, shapes and values, in name order): the
+    same weights give the same fingerprint however the file around them was written."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    for name in sorted(state_dict):
+        tensor = state_dict[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 class CheckpointMismatchError(ValueError):
@@ -309,6 +367,10 @@ def restore_model(path, data_path=None, device="cpu"):
 
     checkpoint = load_checkpoint(path)
     config = checkpoint["config"]
+    _drop_pickled_cache_settings(config, path)
+    _check_sizes_before_building(config, checkpoint["state_dict"], path)
+    checkpoint["weights_sha256"] = weights_fingerprint(checkpoint["state_dict"])
+    _compare_with_run_summary(path, checkpoint["weights_sha256"])
     if data_path is not None:
         config["data_path"] = os.path.join(str(data_path), config["dataset"])
     config["device"] = torch.device(device)
@@ -324,6 +386,75 @@ def restore_model(path, data_path=None, device="cpu"):
     model.load_other_parameter(checkpoint.get("other_parameter"))
     model.to(config["device"]).eval()
     return model, config, dataset, loaders, checkpoint
+
+
+def describe_checkpoint(path, config, checkpoint) -> str:
+    """One line naming what ``restore_model`` loaded, for the user to check."""
+    return (
+        f"checkpoint {path}: {config['model']} on {config['dataset']}, epoch "
+        f"{checkpoint.get('epoch')}, weights sha256 {checkpoint['weights_sha256'][:16]}"
+    )
+
+
+def _check_sizes_before_building(config, state: dict, path) -> None:
+    """The config's sizes must fit the weights *before* the dataset and model are built:
+    an edited ``MAX_ITEM_LIST_LENGTH: 1000000`` would otherwise allocate tens of GB."""
+    problems = []
+    length = config["MAX_ITEM_LIST_LENGTH"]
+    for name, tensor in state.items():
+        # (L, d) in SASRec-style models, (L + 1, d) where a mask token has a position.
+        if name.endswith("position_embedding.weight") and tensor.dim() == 2:
+            if not isinstance(length, int) or length not in (tensor.shape[0], tensor.shape[0] - 1):
+                problems.append(
+                    f"MAX_ITEM_LIST_LENGTH={length!r} but {name} has {tensor.shape[0]} positions"
+                )
+        if name.endswith("item_embedding.weight") and tensor.dim() == 2:
+            hidden = config["hidden_size"] or config["embedding_size"]
+            if hidden is not None and hidden != tensor.shape[1]:
+                problems.append(f"hidden_size={hidden!r} but {name} is {tuple(tensor.shape)}")
+    if problems:
+        raise CheckpointMismatchError(
+            f"checkpoint {str(path)!r}: its config does not fit its own weights "
+            f"({'; '.join(problems[:3])}); the file was edited or damaged, nothing was built"
+        )
+
+
+def _compare_with_run_summary(path, fingerprint: str) -> None:
+    """Warn when the run summary written beside the checkpoint recorded other weights."""
+    import json
+    import sys
+
+    summary_file = Path(path).with_suffix(".json")
+    try:
+        recorded = json.loads(summary_file.read_text(encoding="utf-8")).get("weights_sha256")
+    except (OSError, ValueError, AttributeError):
+        return
+    if recorded and recorded != fingerprint:
+        print(
+            f"warning: checkpoint {str(path)!r} holds weights {fingerprint[:16]}, but its run "
+            f"summary {summary_file} recorded {recorded[:16]}: the file was replaced after "
+            "the run",
+            file=sys.stderr,
+        )
+
+
+def _drop_pickled_cache_settings(config, path) -> None:
+    """A checkpoint's config may name pickles to read (``dataset_save_path``,
+    ``dataloaders_save_path``): ignored, with a warning, as are its cache-saving switches."""
+    import sys
+
+    from recbole_freq.compat import PICKLED_CACHE_PATH_KEYS, PICKLED_CACHE_SAVE_KEYS
+
+    for key in PICKLED_CACHE_PATH_KEYS:
+        if config[key]:
+            print(
+                f"warning: checkpoint {str(path)!r} names {key}={config[key]!r}; ignored "
+                "(pickled caches can run code): the dataset is rebuilt from its atomic files",
+                file=sys.stderr,
+            )
+            config[key] = None
+    for key in PICKLED_CACHE_SAVE_KEYS:
+        config[key] = False
 
 
 def _check_state_fits(model, state: dict, path, config, dataset) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from recbole_freq.files import check_writable, write_atomic
 from recbole_freq.model import MODELS
 from recbole_freq.quick_start import extra_test_modes
 
@@ -112,20 +113,8 @@ def run_file(out: Path, model: str, seed: int) -> Path:
     return out / "runs" / f"{model}-seed{seed}.json"
 
 
-def _write_atomic(path: Path, write) -> None:
-    """``write(temporary_path)``, then rename: readers never see a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    finally:
-        if temporary.exists():
-            temporary.unlink()
-
-
 def _write_text(path: Path, text: str) -> None:
-    _write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    write_atomic(path, text)
 
 
 def _load_run(path: Path) -> dict:
@@ -548,7 +537,7 @@ def save_plot(path: Path, rows, metrics, dataset, seeds) -> None:
     axes.legend(fontsize="small")
     axes.grid(axis="y", alpha=0.3)
     figure.tight_layout()
-    _write_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=120))
+    write_atomic(path, lambda handle: figure.savefig(handle, format="png", dpi=120))
 
 
 def _protocol_note(config) -> str:
@@ -649,6 +638,7 @@ def compare(
     metrics = _choose_metrics(
         None if metrics is None else _parse_list(metrics, "--metrics"), config
     )
+    check_writable(out, "--out")
     _check_out_dir(out, settings)
 
     jobs = [(m, s) for m in models for s in seeds if not run_file(out, m, s).is_file()]
@@ -753,8 +743,7 @@ def cli(argv: list[str]) -> int:
             ray_address=args.ray_address,
         )
     except EXPECTED_ERRORS as error:
-        report_error(error)
-        return 2
+        return report_error(error)
     print(result["markdown"])
     for name, path in result["files"].items():
         print(f"{name:<9} {path}")

@@ -12,10 +12,15 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
    code running before any ``Config`` exists works.
 2. torch >= 2.6 made ``torch.load(weights_only=True)`` the default, and RecBole's
    checkpoints hold a pickled ``Config``, so ``Trainer.evaluate(load_best_model=True)``
-   fails.  We give RecBole's trainer and quick-start modules a ``torch`` whose ``load``
-   uses the full (unsafe, pickle) loader **only** for checkpoint files that this process
-   itself wrote through ``Trainer._save_checkpoint``; any other file is loaded with
-   ``weights_only=True`` and so cannot run code from the file.
+   fails.  Unpickling it in full is no answer: the file at that path may have been
+   swapped since it was written, and a pickle runs code.  So the trainer never reads its
+   own checkpoint back: when it saves one it keeps a copy of those weights in memory,
+   and ``evaluate(load_best_model=True)`` restores that copy.  Every other ``torch.load``
+   of RecBole's trainer and quick-start modules (``resume_checkpoint``,
+   ``load_data_and_model``, ``evaluate`` of another file) goes through the restricted
+   loader of ``recbole_freq.checkpoint``, whoever wrote the file, and their
+   ``torch.save`` through the plugin's atomic writer (``recbole_freq.files``), so a
+   failed re-save (a full disk) never replaces the previous good checkpoint.
 3. pandas 3 breaks RecBole silently (chained ``fillna(..., inplace=True)`` fills nothing
    under copy-on-write) and loudly (id remapping on datasets with ``.user``/``.item``
    files).  There is no safe patch for a silent change, so we require pandas < 3 and say
@@ -41,7 +46,20 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
    process (a comparison, a reused Ray worker, a test session) wrote into the first run's
    log file, with the first run's level, and left its own log file empty.  The replacement
    swaps the handlers of the previous run (closing its file) for the new run's, and keeps
-   handlers that others installed (pytest, Ray).
+   handlers that others installed (pytest, Ray).  The log file's name holds the time to
+   the second and a hash of the config, so two identical runs started together (repeated
+   trials, parallel comparison workers) shared one log file and one TensorBoard folder
+   (named after it); the time in the name gets a random suffix.
+
+8. RecBole's ``create_dataset`` and ``data_preparation`` ``pickle.load`` the files
+   ``<checkpoint_dir>/<dataset>-<DatasetClass>.pth`` and
+   ``<checkpoint_dir>/<dataset>-for-<model>-dataloader.pth`` whenever they exist, and
+   whatever ``dataset_save_path`` / ``dataloaders_save_path`` name: any pickle dropped
+   into ``saved/`` runs its code in the next run on that dataset.  The replacements build
+   the dataset from its atomic files every time and never read a pickle.  A config that
+   names a cache to read (``dataset_save_path``, ``dataloaders_save_path``) is refused with
+   ``PickledCacheRefused``; ``save_dataset`` / ``save_dataloaders`` are ignored with a
+   warning (a cache that is never read is only a trap for other tools).
 
 ``apply()`` is idempotent and runs when ``recbole_freq`` is imported.
 """
@@ -68,8 +86,6 @@ _NUMPY_ALIASES = {
     "long": np.int_,
 }
 
-# Real paths of checkpoints written by this process: the only files the unsafe loader opens.
-_SELF_WRITTEN_CHECKPOINTS: set[str] = set()
 _applied = False
 
 
@@ -102,66 +118,87 @@ def _silence_pandas_chained_assignment_notice() -> None:
     )
 
 
-def register_own_checkpoint(path: str) -> None:
-    """Mark ``path`` as written by this process, so the full loader may open it."""
-    _SELF_WRITTEN_CHECKPOINTS.add(os.path.realpath(path))
+class UntrustedCheckpointError(ValueError):
+    """A checkpoint whose pickle names or calls something a RecBole checkpoint never holds."""
 
 
-def is_own_checkpoint(path) -> bool:
-    return isinstance(path, (str, os.PathLike)) and (
-        os.path.realpath(path) in _SELF_WRITTEN_CHECKPOINTS
-    )
+def _restricted_load(f, map_location=None, **_ignored):
+    """``torch.load`` for RecBole's modules: the restricted checkpoint loader, always."""
+    from recbole_freq.checkpoint import load_checkpoint
+
+    return load_checkpoint(f, map_location=map_location or "cpu")
 
 
-class UntrustedCheckpointError(RuntimeError):
-    pass
-
-
-def _policy_load(f, *args, **kwargs):
-    """``torch.load`` for RecBole: pickle only what this process wrote itself."""
+def _atomic_save(obj, f, *args, **kwargs):
+    """``torch.save`` for RecBole's modules: whole or not at all (``recbole_freq.files``)."""
     import torch
 
-    if "weights_only" not in kwargs:
-        kwargs["weights_only"] = not is_own_checkpoint(f)
-    try:
-        return torch.load(f, *args, **kwargs)
-    except Exception as error:  # torch raises UnpicklingError subclasses of Exception
-        if kwargs["weights_only"] and "Weights only load failed" in str(error):
-            raise UntrustedCheckpointError(
-                f"refusing to unpickle {f!r}: it was not written by this run, and a "
-                "RecBole checkpoint holds arbitrary pickled objects that could run code. "
-                "Only checkpoints that the same process saved are loaded with the full "
-                "loader."
-            ) from error
-        raise
+    if not isinstance(f, (str, os.PathLike)):
+        return torch.save(obj, f, *args, **kwargs)
+    from recbole_freq.files import write_atomic
+
+    write_atomic(f, lambda handle: torch.save(obj, handle, *args, **kwargs))
 
 
-def _torch_with_policy_load() -> types.ModuleType:
+def _torch_with_safe_files() -> types.ModuleType:
     import torch
 
-    shim = types.ModuleType("torch_with_checkpoint_policy")
+    shim = types.ModuleType("torch_with_safe_checkpoint_files")
     shim.__getattr__ = lambda name: getattr(torch, name)  # noqa: E731 (module __getattr__)
-    shim.load = _policy_load
+    shim.load = _restricted_load
+    shim.save = _atomic_save
     return shim
+
+
+# Trainer attribute holding the weights of the checkpoint it saved last (fix 2).
+_BEST_IN_MEMORY = "_recbole_freq_saved_state"
+
+
+def saved_state(trainer) -> dict | None:
+    """``{"file", "state_dict", "other_parameter"}`` of the checkpoint ``trainer`` saved
+    last (fix 2), or ``None`` if it saved none."""
+    return getattr(trainer, _BEST_IN_MEMORY, None)
+
+
+def _snapshot(model) -> dict:
+    import copy
+
+    return {
+        "state_dict": {name: value.detach().clone() for name, value in model.state_dict().items()},
+        "other_parameter": copy.deepcopy(model.other_parameter()),
+    }
 
 
 def _patch_recbole_checkpoint_loading() -> None:
     import recbole.quick_start.quick_start as quick_start
     import recbole.trainer.trainer as trainer_module
 
-    shim = _torch_with_policy_load()
+    shim = _torch_with_safe_files()
     trainer_module.torch = shim
     quick_start.torch = shim
+    Trainer = trainer_module.Trainer
 
-    original_save = trainer_module.Trainer._save_checkpoint
+    original_save, original_evaluate = Trainer._save_checkpoint, Trainer.evaluate
 
     def _save_checkpoint(self, epoch, verbose=True, **kwargs):
         target = kwargs.get("saved_model_file", self.saved_model_file)
         original_save(self, epoch, verbose=verbose, **kwargs)
-        register_own_checkpoint(target)
+        if self.config["single_spec"] or self.config["local_rank"] == 0:
+            setattr(self, _BEST_IN_MEMORY, {"file": str(target), **_snapshot(self.model)})
+
+    def evaluate(self, eval_data, load_best_model=True, model_file=None, show_progress=False):
+        saved = getattr(self, _BEST_IN_MEMORY, None)
+        wanted = str(model_file or self.saved_model_file)
+        if load_best_model and eval_data and saved is not None and saved["file"] == wanted:
+            self.model.load_state_dict(saved["state_dict"])
+            self.model.load_other_parameter(saved["other_parameter"])
+            load_best_model = False
+        return original_evaluate(self, eval_data, load_best_model, model_file, show_progress)
 
     _save_checkpoint.__wrapped__ = original_save
-    trainer_module.Trainer._save_checkpoint = _save_checkpoint
+    evaluate.__wrapped__ = original_evaluate
+    Trainer._save_checkpoint = _save_checkpoint
+    Trainer.evaluate = evaluate
 
 
 def _contain_sine_anomaly_detection() -> None:
@@ -218,7 +255,17 @@ def _init_logger_per_run(original):
     return init_logger
 
 
+def current_log_file() -> str | None:
+    """The log file of the latest run's ``init_logger`` (fix 7), if it has one."""
+    for handler in logging.getLogger().handlers:
+        if hasattr(handler, _RUN_HANDLER_FLAG) and hasattr(handler, "baseFilename"):
+            return handler.baseFilename
+    return None
+
+
 def _give_each_run_its_own_log() -> None:
+    import secrets
+
     import recbole.quick_start.quick_start as quick_start
     import recbole.utils
     import recbole.utils.logger
@@ -226,6 +273,90 @@ def _give_each_run_its_own_log() -> None:
     replacement = _init_logger_per_run(recbole.utils.logger.init_logger)
     for module in (recbole.utils.logger, recbole.utils, quick_start):
         module.init_logger = replacement
+    local_time = recbole.utils.logger.get_local_time
+    # Only the logger's copy: the log (and TensorBoard) names, nothing else.
+    recbole.utils.logger.get_local_time = lambda: f"{local_time()}-{secrets.token_hex(3)}"
+
+
+class PickledCacheRefused(ValueError):
+    """A config names a pickled dataset or dataloader cache to read (fix 8)."""
+
+
+PICKLED_CACHE_PATH_KEYS = ("dataset_save_path", "dataloaders_save_path")
+PICKLED_CACHE_SAVE_KEYS = ("save_dataset", "save_dataloaders")
+
+
+def refuse_pickled_cache_paths(config) -> None:
+    """``PickledCacheRefused`` if ``config`` names a pickled cache to read (fix 8)."""
+    named = [key for key in PICKLED_CACHE_PATH_KEYS if config[key]]
+    if named:
+        raise PickledCacheRefused(
+            f"{' and '.join(f'{key}={config[key]!r}' for key in named)}: recbole-freq never "
+            "reads pickled dataset or dataloader caches (unpickling a file can run any code "
+            "in it); remove the setting, the dataset is rebuilt from its atomic files"
+        )
+
+
+def _recbole_dataset_class(config):
+    """The dataset class RecBole's ``create_dataset`` picks for ``config``."""
+    import importlib
+
+    from recbole.utils import ModelType
+
+    dataset_module = importlib.import_module("recbole.data.dataset")
+    if hasattr(dataset_module, config["model"] + "Dataset"):
+        return getattr(dataset_module, config["model"] + "Dataset")
+    by_type = {
+        ModelType.GENERAL: "Dataset",
+        ModelType.SEQUENTIAL: "SequentialDataset",
+        ModelType.CONTEXT: "Dataset",
+        ModelType.KNOWLEDGE: "KnowledgeBasedDataset",
+        ModelType.TRADITIONAL: "Dataset",
+        ModelType.DECISIONTREE: "Dataset",
+    }
+    return getattr(dataset_module, by_type[config["MODEL_TYPE"]])
+
+
+def _warn_cache_not_saved(config, key: str) -> None:
+    if config[key]:
+        logging.getLogger().warning(
+            f"{key}=True is ignored: recbole-freq never reads pickled caches (they can run "
+            "code), so it does not write them either"
+        )
+
+
+def create_dataset_from_atomic_files(config):
+    """RecBole's ``create_dataset`` without its pickled cache (fix 8)."""
+    refuse_pickled_cache_paths(config)
+    _warn_cache_not_saved(config, "save_dataset")
+    return _recbole_dataset_class(config)(config)
+
+
+def _no_pickled_dataloaders(config):
+    refuse_pickled_cache_paths(config)
+    return None  # data_preparation then splits the dataset itself
+
+
+def _warn_dataloaders_not_saved(config, dataloaders=None):
+    _warn_cache_not_saved(config, "save_dataloaders")
+
+
+def _never_read_pickled_caches() -> None:
+    import sys
+
+    import recbole.data.utils as data_utils
+
+    replacements = {
+        "create_dataset": create_dataset_from_atomic_files,
+        "load_split_dataloaders": _no_pickled_dataloaders,
+        "save_split_dataloaders": _warn_dataloaders_not_saved,
+    }
+    # Every module that imported one of them by name (recbole.data, its quick-start ...).
+    originals = {name: getattr(data_utils, name) for name in replacements}
+    for module in list(sys.modules.values()):
+        for name, replacement in replacements.items():
+            if getattr(module, name, None) is originals[name]:
+                setattr(module, name, replacement)
 
 
 def apply() -> None:
@@ -240,4 +371,5 @@ def apply() -> None:
     _contain_sine_anomaly_detection()
     _make_ensure_dir_race_free()
     _give_each_run_its_own_log()
+    _never_read_pickled_caches()
     _applied = True

@@ -20,9 +20,12 @@ from recbole.data import create_dataset, data_preparation
 from recbole.data.utils import create_samplers, get_dataloader
 from recbole.utils import get_trainer, init_logger, init_seed
 
+from recbole_freq.checkpoint import weights_fingerprint
+from recbole_freq.compat import current_log_file, saved_state
 from recbole_freq.config import FreqConfig, UnknownModelError, get_model_class
 from recbole_freq.data import DatasetNotPreparedError, check_prepared
 from recbole_freq.evaluation import use_full_sort_for_sampled_scoring
+from recbole_freq.files import OutputWriteError, check_writable, write_atomic
 from recbole_freq.noise import corrupt_training_data
 
 DEFAULT_MODEL = "BSARec"
@@ -82,6 +85,7 @@ def run(
     start = time.perf_counter()
     config = FreqConfig(model, dataset, config_files, config_dict, cmd_overrides, paper)
     check_prepared(config)
+    check_output_locations(config, saved)
     init_seed(config["seed"], config["reproducibility"])
     init_logger(config)
     logger = logging.getLogger()
@@ -112,6 +116,7 @@ def run(
         config, recbole_dataset, (train_data, valid_data, test_data), trainer, saved
     )
     n_epochs = len(recorder.epochs)
+    best_state = saved_state(trainer) if saved else None
     summary = {
         "model": config["model"],
         "dataset": config["dataset"],
@@ -128,6 +133,8 @@ def run(
         "total_seconds": time.perf_counter() - start,
         "parameters": sum(p.numel() for p in model_instance.parameters()),
         "checkpoint": trainer.saved_model_file if saved else None,
+        "weights_sha256": weights_fingerprint(best_state["state_dict"]) if best_state else None,
+        "log_file": current_log_file(),
         "history": recorder.epochs,
         "config": {key: _jsonable(config[key]) for key in config.final_config_dict},
     }
@@ -141,10 +148,32 @@ def run(
     if saved:
         summary_file = Path(trainer.saved_model_file).with_suffix(".json")
         summary["summary_file"] = str(summary_file)
-        temporary = summary_file.with_name(summary_file.name + ".tmp")
-        temporary.write_text(json.dumps(summary, indent=2, default=str))
-        os.replace(temporary, summary_file)
+        try:
+            write_atomic(summary_file, json.dumps(summary, indent=2, default=str))
+        except OutputWriteError as error:
+            summary["summary_file"] = None
+            kept = SummaryNotWrittenError(
+                error.errno,
+                f"{error}; the run itself finished: its results are printed above and "
+                f"its checkpoint {trainer.saved_model_file} was kept",
+            )
+            kept.summary = summary
+            raise kept from error
     return summary
+
+
+class SummaryNotWrittenError(OutputWriteError):
+    """The run finished but its summary file could not be written; ``summary`` holds it."""
+
+    summary: dict
+
+
+def check_output_locations(config, saved: bool) -> None:
+    """Every folder the run will write, proved writable before any training starts."""
+    if saved:
+        check_writable(config["checkpoint_dir"], "checkpoint_dir")
+    check_writable("log", "the log folder")
+    check_writable("log_tensorboard", "the TensorBoard folder")
 
 
 def unique_checkpoint_path(config) -> str:
@@ -238,14 +267,20 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def report_error(error: Exception) -> None:
-    """The command lines' answer to bad input: one ``error:`` line and a hint on stderr
-    (the caller returns the exit code); with ``RECBOLE_FREQ_DEBUG=1`` the error propagates
-    with its traceback instead."""
+def exit_code(error: BaseException) -> int:
+    """The one rule: an environment failure (a file or folder that cannot be written)
+    exits 1; usage and input errors exit 2."""
+    return 1 if isinstance(error, OutputWriteError) else 2
+
+
+def report_error(error: BaseException) -> int:
+    """The command lines' answer to a failure: exactly one ``error:`` line on stderr;
+    returns the exit code (``exit_code``).  With ``RECBOLE_FREQ_DEBUG=1`` the error
+    propagates with its traceback instead."""
     if os.environ.get("RECBOLE_FREQ_DEBUG"):
         raise error
-    print(f"error: {error}", file=sys.stderr)
-    print("(set RECBOLE_FREQ_DEBUG=1 for the full traceback)", file=sys.stderr)
+    print("error: " + " ".join(str(error).split()), file=sys.stderr)
+    return exit_code(error)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -295,7 +330,13 @@ def _default_job_files(args) -> list[str]:
     return args.config_files
 
 
-EXPECTED_ERRORS = (UnknownModelError, DatasetNotPreparedError, FileNotFoundError, ValueError)
+EXPECTED_ERRORS = (
+    UnknownModelError,
+    DatasetNotPreparedError,
+    FileNotFoundError,
+    ValueError,
+    OutputWriteError,
+)
 
 
 # Other jobs of the same entry point: the flag that selects one -> module with cli(argv).
@@ -332,8 +373,10 @@ def main(argv=None) -> int:
             cmd_overrides=overrides,
             paper=args.paper,
         )
+    except SummaryNotWrittenError as error:
+        print(format_summary(error.summary))
+        return report_error(error)
     except EXPECTED_ERRORS as error:
-        report_error(error)
-        return 2
+        return report_error(error)
     print(format_summary(summary))
     return 0

@@ -37,6 +37,8 @@ import numpy as np
 import torch
 from recbole.data.interaction import Interaction
 
+from recbole_freq.files import OutputWriteError, check_output_file, write_atomic
+
 CONTEXTS = ("next", "test")
 FORMATS = ("csv", "json")
 
@@ -229,14 +231,6 @@ def format_recommendations(dataset, tokens, items, scores, fmt: str) -> str:
     return buffer.getvalue()
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="run_recbole_freq.py --recommend",
@@ -268,7 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cli(argv: list[str]) -> int:
-    from recbole_freq.checkpoint import CheckpointError, UntrustedCheckpointError, restore_model
+    from recbole_freq.checkpoint import (
+        CheckpointError,
+        UntrustedCheckpointError,
+        describe_checkpoint,
+        restore_model,
+    )
     from recbole_freq.quick_start import EXPECTED_ERRORS, report_error
 
     args = build_parser().parse_args(argv)
@@ -276,7 +275,12 @@ def cli(argv: list[str]) -> int:
     try:
         if args.topk < 1 or args.batch_size < 1:
             raise ValueError("--topk and --batch_size must be >= 1")
-        model, _, dataset, loaders, _ = restore_model(args.recommend, args.data_path, args.device)
+        if args.output:
+            check_output_file(args.output, "--output")
+        model, config, dataset, loaders, checkpoint = restore_model(
+            args.recommend, args.data_path, args.device
+        )
+        print(describe_checkpoint(args.recommend, config, checkpoint), file=sys.stderr)
         splits = [loader._dataset for loader in loaders]
         if args.all_users:
             tokens = [str(t) for t in dataset.field2id_token[dataset.uid_field][1:]]
@@ -288,10 +292,12 @@ def cli(argv: list[str]) -> int:
         )
         text = format_recommendations(dataset, tokens, items, scores, fmt)
     except (*EXPECTED_ERRORS, CheckpointError, UntrustedCheckpointError) as error:
-        report_error(error)
-        return 2
+        return report_error(error)
     if args.output:
-        write_atomic(args.output, text)
+        try:
+            write_atomic(args.output, text)
+        except OutputWriteError as error:
+            return report_error(error)
         print(f"wrote {len(tokens)} users' top-{args.topk} to {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)

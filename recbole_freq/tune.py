@@ -42,6 +42,8 @@ from pathlib import Path
 
 import yaml
 
+from recbole_freq.files import check_writable, write_atomic
+
 HYPER_TYPES = ("choice", "uniform", "quniform", "loguniform")
 SEARCHES = ("grid", "random", "optuna", "hyperopt")
 DEFAULT_NUM_SAMPLES = 10
@@ -549,12 +551,6 @@ def _job_spec(model, dataset, config_files, config_dict, overrides, paper, space
     }
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
-
-
 def tune_model(
     model: str,
     dataset: str,
@@ -645,7 +641,7 @@ def tune_model(
         "paper": paper,
     }
 
-    storage = Path(storage_path).expanduser().resolve()
+    storage = check_writable(Path(storage_path).expanduser().resolve(), "--storage_path")
     name = name or f"{model_name}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
     experiment_dir = storage / name
     spec = _job_spec(model, dataset, config_files, config_dict, overrides, paper, space, search)
@@ -762,7 +758,7 @@ def _fit(trainable, searcher, metric_mode, scheduler, where, verbose):
             ),
         )
         experiment_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(experiment_dir / SPEC_FILE, json.dumps(_plain(spec), indent=2))
+        write_atomic(experiment_dir / SPEC_FILE, json.dumps(_plain(spec), indent=2))
     return tuner.fit()
 
 
@@ -839,7 +835,7 @@ def _write_outputs(summary, experiment_dir: Path, names, job, config_dict, cmd_o
     table = _markdown(rows, names, metric)
     summary["table"] = table
     trials_md = experiment_dir / "trials.md"
-    _atomic_write(
+    write_atomic(
         trials_md,
         f"# {summary['model']} on {summary['dataset']}: trials ranked by validation "
         f"{metric} ({summary['mode']})\n\n{table}\n",
@@ -853,7 +849,7 @@ def _write_outputs(summary, experiment_dir: Path, names, job, config_dict, cmd_o
     for row in rows:
         writer.writerow({k: json.dumps(v) if isinstance(v, list) else v for k, v in row.items()})
     trials_csv = experiment_dir / "trials.csv"
-    _atomic_write(trials_csv, buffer.getvalue())
+    write_atomic(trials_csv, buffer.getvalue())
     summary.update(trials_csv=str(trials_csv), trials_md=str(trials_md))
 
     scored = [row for row in rows if row.get("best_valid") is not None]
@@ -892,7 +888,7 @@ def _write_outputs(summary, experiment_dir: Path, names, job, config_dict, cmd_o
         body += "# fixed for every trial of the search:\n"
         body += yaml.safe_dump(fixed, sort_keys=False, default_flow_style=False)
     best_yaml = experiment_dir / "best.yaml"
-    _atomic_write(best_yaml, "\n".join(header) + "\n" + body)
+    write_atomic(best_yaml, "\n".join(header) + "\n" + body)
     summary.update(best=best, best_params=best_params, best_yaml=str(best_yaml))
     return summary
 
@@ -967,8 +963,8 @@ def cli(argv: list[str]) -> int:
             verbose=args.verbose,
         )
     except (*EXPECTED_ERRORS, TrialsFailedError) as error:
-        report_error(error)
-        return 1 if isinstance(error, TrialsFailedError) else 2
+        code = report_error(error)
+        return 1 if isinstance(error, TrialsFailedError) else code
     print(summary["table"])
     print()
     print(f"best configuration: {summary['best_yaml']}")

@@ -34,21 +34,30 @@ def test_recbole_metrics_give_textbook_values():
     assert NDCG(config).metric_info(pos_index, pos_len)[0, 2] == pytest.approx(1 / np.log2(3))
 
 
-def test_foreign_checkpoint_is_not_unpickled(tmp_path):
-    path = tmp_path / "foreign.pth"
-    torch.save({"state_dict": {}, "payload": NotAllowlisted()}, path)
-    with pytest.raises(compat.UntrustedCheckpointError, match="not written by this run"):
+def test_recboles_trainer_unpickles_no_checkpoint(tmp_path):
+    # Fix 2: every torch.load of RecBole's trainer goes through the restricted loader.
+    path = tmp_path / "any.pth"
+    torch.save({"config": NotAllowlisted(), "state_dict": {}}, path)
+    with pytest.raises(compat.UntrustedCheckpointError, match="test_compat.NotAllowlisted"):
         trainer_module.torch.load(str(path))
-    # Plain tensors load safely even when foreign.
-    torch.save({"w": torch.ones(2)}, tmp_path / "weights.pth")
-    assert torch.equal(trainer_module.torch.load(str(tmp_path / "weights.pth"))["w"], torch.ones(2))
 
 
-def test_own_checkpoint_is_loaded_in_full(tmp_path):
-    path = tmp_path / "own.pth"
-    torch.save({"payload": NotAllowlisted()}, path)
-    compat.register_own_checkpoint(str(path))
-    assert isinstance(trainer_module.torch.load(str(path))["payload"], NotAllowlisted)
+def test_recboles_trainer_saves_atomically(tmp_path, monkeypatch):
+    # Fix 2: a save that fails half-way leaves the previous file as it was.
+    from recbole_freq import files
+
+    path = tmp_path / "model.pth"
+    trainer_module.torch.save({"w": torch.ones(3)}, str(path))
+    before = path.read_bytes()
+
+    def fail_half_way(handle):
+        handle.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files, "_write_content", lambda handle, content: fail_half_way(handle))
+    with pytest.raises(files.OutputWriteError, match="No space left on device"):
+        trainer_module.torch.save({"w": torch.zeros(3)}, str(path))
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["model.pth"]
 
 
 def test_pandas_3_is_refused_with_the_fix(monkeypatch):

@@ -1,0 +1,181 @@
+"""The one way the plugin writes a file: whole or not at all, never through a planted link.
+
+Every file the plugin produces (checkpoints, run summaries, comparison tables and figures,
+analysis reports, recommendations, search results) goes through ``write_atomic``:
+
+1. a temporary file is created *exclusively* in the target folder (``O_CREAT | O_EXCL |
+   O_NOFOLLOW`` under an unpredictable name), so a link or file planted at a temporary
+   name is never opened, let alone written through;
+2. the content is written, flushed and ``fsync``-ed;
+3. the temporary file is renamed over the target (atomic on one file system, and a link
+   at the target is replaced, not followed), then the folder is ``fsync``-ed.
+
+If any step fails (a full disk, a read-only folder, an interrupt) the temporary file is
+removed, the previous file at the target is left exactly as it was, and
+``OutputWriteError`` says which path could not be written and why, in one line.
+
+``check_writable`` is the early form of the same promise: the command-line jobs call it
+for each output location before training starts, so a run never trains for hours and
+then finds it cannot store the result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = [
+    "OutputPathError",
+    "OutputWriteError",
+    "check_output_file",
+    "check_writable",
+    "temporary_name",
+    "write_atomic",
+]
+
+
+class OutputPathError(ValueError):
+    """An output path of the wrong kind (a folder where a file is wanted, or the reverse):
+    a usage error, exit code 2."""
+
+
+class OutputWriteError(RuntimeError):
+    """A file or folder the run must write cannot be written (an environment failure:
+    exit code 1).  ``errno`` is the operating system's error number, when there is one."""
+
+    def __init__(self, errno_: int | None, message: str):
+        super().__init__(message)
+        self.errno = errno_
+
+
+def temporary_name(target: Path) -> Path:
+    """``.<name>.<random>.tmp`` beside ``target``: unpredictable, so nobody can plant a
+    link there in advance, and recognisable as ours."""
+    return target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return str(error) or type(error).__name__
+
+
+def _os_error_in(error: BaseException) -> OSError | None:
+    """The operating-system failure behind ``error``: writers such as ``torch.save`` wrap
+    a failed write (ENOSPC ...) in an error of their own."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _open_exclusive(path: Path) -> int:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    flags |= getattr(os, "O_BINARY", 0)
+    # 0o666 lets the umask decide the permissions, as a plain open() would.
+    return os.open(path, flags, 0o666)
+
+
+def _open_temporary(path: Path) -> BinaryIO:
+    return os.fdopen(_open_exclusive(path), "wb")
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return  # not supported here (e.g. Windows): the rename itself is still atomic
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_content(handle: BinaryIO, content) -> None:
+    if isinstance(content, str):
+        handle.write(content.encode("utf-8"))
+    elif isinstance(content, (bytes, bytearray, memoryview)):
+        handle.write(content)
+    else:
+        content(handle)
+
+
+def write_atomic(
+    path: str | os.PathLike, content: str | bytes | Callable[[BinaryIO], object]
+) -> Path:
+    """Write ``content`` to ``path`` atomically (see the module docstring).
+
+    ``content`` is text (written as UTF-8), bytes, or a function that writes into the
+    binary file object it is given (``torch.save``, ``figure.savefig`` ...).  The parent
+    folder is created if missing.  Returns the target path.
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise OutputPathError(f"cannot write {target}: it is a folder; name a file instead")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OutputWriteError(
+            error.errno, f"cannot write {target}: cannot create its folder ({_reason(error)})"
+        ) from error
+    temporary = temporary_name(target)
+    try:
+        handle = _open_temporary(temporary)
+    except OSError as error:
+        raise OutputWriteError(
+            error.errno, f"cannot write {target}: {_reason(error)}; nothing was changed"
+        ) from error
+    try:
+        with handle:
+            _write_content(handle, content)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        cause = _os_error_in(error)
+        if cause is None:
+            raise
+        kept = "the previous file was kept" if target.exists() else "nothing was written"
+        raise OutputWriteError(
+            cause.errno, f"cannot write {target}: {_reason(cause)}; {kept}"
+        ) from error
+    _fsync_folder(target.parent)
+    return target
+
+
+def check_writable(folder: str | os.PathLike, what: str) -> Path:
+    """Create ``folder`` if needed and prove a file can be created in it (and removed);
+    ``OutputWriteError`` naming ``what`` otherwise.  Used before any training starts."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise OutputPathError(f"{what} {folder} is a file, not a folder; name a folder instead")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = temporary_name(folder / "write-probe")
+        os.close(_open_exclusive(probe))
+        os.unlink(probe)
+    except OSError as error:
+        raise OutputWriteError(
+            error.errno, f"cannot write to {what} {folder}: {_reason(error)}"
+        ) from error
+    return folder
+
+
+def check_output_file(path: str | os.PathLike, what: str) -> Path:
+    """``path`` can be written as a file: not a folder, and its folder writable."""
+    target = Path(path)
+    if target.is_dir():
+        raise OutputPathError(f"{what} {target} is a folder; name a file to write instead")
+    check_writable(target.parent, f"the folder of {what}")
+    return target

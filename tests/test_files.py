@@ -1,0 +1,213 @@
+"""Nothing lost: every file is written whole or not at all, never through a planted link,
+and output locations are checked before any training starts."""
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from recbole_freq import files
+from recbole_freq.checkpoint import load_checkpoint
+from recbole_freq.files import OutputPathError, OutputWriteError, check_writable, write_atomic
+from recbole_freq.quick_start import main
+
+
+class DiskFullAfter:
+    """A binary file object that fails with ENOSPC once ``limit`` bytes were written."""
+
+    def __init__(self, handle, limit):
+        self.handle, self.left = handle, limit
+
+    def write(self, data):
+        data = bytes(data)
+        if len(data) > self.left:
+            self.handle.write(data[: self.left])
+            self.left = 0
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.left -= len(data)
+        return self.handle.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.handle, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.close()
+
+
+@pytest.fixture
+def disk_full_after(monkeypatch):
+    """``disk_full_after(n, suffix)``: every write of a file whose name ends in ``suffix``
+    fails with ENOSPC after ``n`` bytes; returns the list of files it failed."""
+    failed = []
+
+    def install(limit, suffix=""):
+        original = files._open_temporary
+
+        def open_temporary(path):
+            handle = original(path)
+            # The temporary of <name> is .<name>.<random>.tmp
+            if not path.name[1:].rsplit(".", 2)[0].endswith(suffix):
+                return handle
+            failed.append(path.name)
+            return DiskFullAfter(handle, limit)
+
+        monkeypatch.setattr(files, "_open_temporary", open_temporary)
+        return failed
+
+    return install
+
+
+def leftovers(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_a_failed_write_keeps_the_previous_file(tmp_path, disk_full_after):
+    target = tmp_path / "result.json"
+    write_atomic(target, "good\n")
+    disk_full_after(3)
+    with pytest.raises(OutputWriteError) as caught:
+        write_atomic(target, "new content that does not fit")
+    message = str(caught.value)
+    assert message == f"cannot write {target}: No space left on device; the previous file was kept"
+    assert caught.value.errno == errno.ENOSPC
+    assert target.read_text() == "good\n" and leftovers(tmp_path) == []
+
+
+def test_an_interrupted_write_leaves_nothing(tmp_path):
+    target = tmp_path / "figure.png"
+
+    def interrupted(handle):
+        handle.write(b"half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(target, interrupted)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_link_planted_at_the_temporary_name_is_never_followed(tmp_path, monkeypatch):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's file\n")
+    target = tmp_path / "summary.json"
+    monkeypatch.setattr(files.secrets, "token_hex", lambda n: "predicted")
+    planted = files.temporary_name(target)
+    planted.symlink_to(victim)
+    with pytest.raises(OutputWriteError, match="File exists; nothing was changed"):
+        write_atomic(target, "{}")
+    assert victim.read_text() == "the user's file\n" and not target.exists()
+    assert planted.is_symlink()  # not ours: left alone
+
+
+def test_a_link_at_the_target_is_replaced_not_followed(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's file\n")
+    target = tmp_path / "out.csv"
+    target.symlink_to(victim)
+    write_atomic(target, "a,b\n")
+    assert victim.read_text() == "the user's file\n"
+    assert not target.is_symlink() and target.read_text() == "a,b\n"
+
+
+def test_temporary_names_are_unpredictable(tmp_path):
+    names = {files.temporary_name(tmp_path / "x.pth").name for _ in range(50)}
+    assert len(names) == 50 and all(n.startswith(".x.pth.") for n in names)
+
+
+def test_wrong_kinds_of_output_paths(tmp_path):
+    (tmp_path / "folder").mkdir()
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    with pytest.raises(OutputPathError, match="it is a folder"):
+        write_atomic(tmp_path / "folder", "x")
+    with pytest.raises(OutputPathError, match="is a file, not a folder"):
+        check_writable(a_file, "--out")
+    with pytest.raises(OutputWriteError, match="cannot write to --out .*: Not a directory"):
+        check_writable(a_file / "sub", "--out")
+
+
+def test_a_failed_checkpoint_resave_keeps_the_previous_checkpoint(
+    small_config, disk_full_after
+):
+    from test_untrusted_files import trained_trainer
+
+    trainer, _ = trained_trainer(small_config, epochs=0)
+    trainer._save_checkpoint(0)
+    path = trainer.saved_model_file
+    good = open(path, "rb").read()
+    disk_full_after(4096, ".pth")
+    with pytest.raises(OutputWriteError, match="No space left on device; the previous file was"):
+        trainer._save_checkpoint(1)
+    assert open(path, "rb").read() == good and load_checkpoint(path)["epoch"] == 0
+    assert leftovers(Path(path).parent) == []
+
+
+def cli(config: dict) -> list[str]:
+    return [f"--{key}={value}" for key, value in config.items()]
+
+
+def test_a_full_disk_at_the_checkpoint_is_one_line_exit_1(
+    small_config, tmp_path, disk_full_after, capsys
+):
+    failures = disk_full_after(1000, ".pth")
+    code = main(["--model=SASRec", "--dataset=tiny", *cli(dict(small_config, epochs=1))])
+    err = capsys.readouterr().err
+    assert code == 1 and failures
+    assert err.count("\n") == 1 and "No space left on device; nothing was written" in err
+    assert not list((tmp_path / "saved").iterdir())  # no half-written checkpoint
+
+
+def test_results_are_printed_when_the_summary_cannot_be_written(
+    small_config, tmp_path, disk_full_after, capsys
+):
+    disk_full_after(10, ".json")
+    code = main(["--model=SASRec", "--dataset=tiny", *cli(dict(small_config, epochs=1))])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "ndcg@20" in captured.out and "SASRec on tiny" in captured.out  # results kept
+    assert captured.err.count("\n") == 1
+    assert "its results are printed above and its checkpoint" in captured.err
+    (checkpoint,) = (tmp_path / "saved").glob("*.pth")
+    assert load_checkpoint(checkpoint)["state_dict"]
+    assert not list((tmp_path / "saved").glob("*.json")) and leftovers(tmp_path / "saved") == []
+
+
+def test_output_locations_are_checked_before_training(small_config, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    config = dict(small_config, epochs=1, checkpoint_dir=str(blocker / "saved"))
+    assert main(["--model=SASRec", "--dataset=tiny", *cli(config)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write to checkpoint_dir") and err.count("\n") == 1
+    assert not (tmp_path / "log").exists() or not list((tmp_path / "log").rglob("*.log"))
+    args = ["--compare", "SASRec", "--dataset=tiny", "--seeds", "1", "--out", str(blocker / "c")]
+    assert main(args + cli({k: v for k, v in small_config.items() if k != "seed"})) == 1
+    assert capsys.readouterr().err.startswith("error: cannot write to --out")
+
+
+def test_recommend_and_analyze_outputs_of_the_wrong_kind(small_config, tmp_path, capsys):
+    from recbole_freq.quick_start import run
+
+    checkpoint = run("SASRec", "tiny", config_dict=dict(small_config, epochs=1))["checkpoint"]
+    capsys.readouterr()
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    assert main(["--recommend", checkpoint, "--users", "1", "--output", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --output {folder} is a folder; name a file to write instead\n"
+    assert list(folder.iterdir()) == [] and leftovers(tmp_path) == []
+    a_file = tmp_path / "report.txt"
+    a_file.write_text("keep me")
+    assert main(["--analyze", checkpoint, "--out", str(a_file)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --out {a_file} is a file, not a folder")
+    assert a_file.read_text() == "keep me"
+
+
+def test_torch_save_through_the_writer_round_trips(tmp_path):
+    target = tmp_path / "w.pth"
+    write_atomic(target, lambda handle: torch.save({"w": torch.arange(5)}, handle))
+    assert torch.equal(torch.load(target)["w"], torch.arange(5))

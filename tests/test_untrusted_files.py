@@ -1,0 +1,294 @@
+"""Nothing loaded on behalf of a checkpoint, a config or a shared folder runs code.
+
+Each test plants a pickle whose unpickling would create a marker file (``os.system``,
+as a real attack would) in one place that RecBole or the plugin could read, then runs
+the real pipeline: the marker must never appear.
+"""
+
+import json
+import os
+import pickle
+import shlex
+
+import pytest
+import recbole.trainer.trainer as trainer_module
+import torch
+from recbole.quick_start import load_data_and_model
+
+from recbole_freq.checkpoint import UntrustedCheckpointError, load_checkpoint
+from recbole_freq.quick_start import main, run
+
+
+class Payload:
+    """Unpickling this runs a shell command that creates ``marker``."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {shlex.quote(self.marker)}",))
+
+
+def plant_pickle(path, marker):
+    """A plain pickle (what RecBole's dataset and dataloader caches are)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as handle:
+        pickle.dump(Payload(marker), handle)
+    return path
+
+
+def plant_checkpoint(path, marker):
+    """A ``torch.save`` archive shaped like a RecBole checkpoint, with the payload."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"config": Payload(marker), "state_dict": {}}, path, pickle_protocol=4)
+    return path
+
+
+def overrides(config: dict) -> list[str]:
+    return [f"--{key}={value}" for key, value in config.items()]
+
+
+@pytest.fixture
+def marker(tmp_path):
+    path = tmp_path / "PAYLOAD_RAN"
+    yield path
+    assert not path.exists(), "a planted pickle ran its code"
+
+
+def test_the_payload_does_run_when_unpickled(tmp_path):
+    # The test's own premise: these files really are attacks.
+    ran = tmp_path / "ran"
+    with open(plant_pickle(tmp_path / "p.pth", ran), "rb") as handle:
+        pickle.load(handle)
+    assert ran.exists()
+
+
+def test_checkpoint_swapped_between_save_and_reload_runs_nothing(
+    small_config, marker, monkeypatch
+):
+    config = dict(small_config, epochs=1, extra_test_modes=["uni100"])
+    reference = run("SASRec", "tiny", config_dict=config)
+    original_fit = trainer_module.Trainer.fit
+
+    def fit_then_swap(self, *args, **kwargs):
+        result = original_fit(self, *args, **kwargs)
+        plant_checkpoint(type(marker)(self.saved_model_file), marker)
+        return result
+
+    monkeypatch.setattr(trainer_module.Trainer, "fit", fit_then_swap)
+    swapped = run("SASRec", "tiny", config_dict=config)
+    # The best weights come from memory, never from the (swapped) file.
+    assert swapped["test_result"] == reference["test_result"]
+    assert swapped["extra_test_results"] == reference["extra_test_results"]
+
+
+def test_recbole_loaders_refuse_a_pickle_whoever_wrote_it(small_config, tmp_path, marker):
+    planted = plant_checkpoint(tmp_path / "saved" / "model.pth", marker)
+    with pytest.raises(UntrustedCheckpointError, match=r"posix\.system"):
+        trainer_module.torch.load(str(planted))
+    # RecBole's own reload imports torch itself: torch's weights-only default refuses.
+    with pytest.raises((UntrustedCheckpointError, pickle.UnpicklingError)):
+        load_data_and_model(str(planted))
+    # A path this very process wrote earns no trust either: content decides.
+    summary = run("SASRec", "tiny", config_dict=dict(small_config, epochs=1))
+    plant_checkpoint(type(planted)(summary["checkpoint"]), marker)
+    with pytest.raises(UntrustedCheckpointError):
+        trainer_module.torch.load(summary["checkpoint"])
+
+
+def trained_trainer(small_config, epochs=2):
+    from recbole.data import create_dataset, data_preparation
+    from recbole.utils import get_trainer
+
+    from recbole_freq.config import FreqConfig, get_model_class
+
+    config = FreqConfig("SASRec", "tiny", config_dict=dict(small_config, epochs=epochs))
+    train, valid, test = data_preparation(config, create_dataset(config))
+    model = get_model_class("SASRec")(config, train._dataset)
+    trainer = get_trainer(config["MODEL_TYPE"], "SASRec")(config, model)
+    if epochs:
+        trainer.fit(train, valid, saved=True, show_progress=False)
+    return trainer, test
+
+
+def test_resume_checkpoint_refuses_a_planted_pickle(small_config, tmp_path, marker):
+    trainer, _ = trained_trainer(small_config, epochs=0)
+    planted = plant_checkpoint(tmp_path / "resume.pth", marker)
+    with pytest.raises(UntrustedCheckpointError):
+        trainer.resume_checkpoint(str(planted))
+
+
+def test_pickled_caches_in_the_checkpoint_folder_are_never_read(
+    small_config, tmp_path, marker, capsys
+):
+    saved = tmp_path / "saved"
+    plant_pickle(saved / "tiny-SequentialDataset.pth", marker)
+    plant_pickle(saved / "tiny-for-SASRec-dataloader.pth", marker)
+    config = dict(small_config, epochs=1)
+    code = main(["--model=SASRec", "--dataset=tiny", *overrides(config)])
+    assert code == 0, capsys.readouterr().err
+    checkpoint = next(p for p in saved.glob("SASRec-tiny-*.pth"))
+    # --recommend and --analyze on a genuine checkpoint of that folder.
+    assert main(["--recommend", str(checkpoint), "--users", "1"]) == 0
+    out = tmp_path / "analysis"
+    assert main(["--analyze", str(checkpoint), "--out", str(out), "--max_sequences=8"]) == 0
+
+
+@pytest.mark.parametrize("key", ["dataset_save_path", "dataloaders_save_path"])
+def test_a_checkpoint_naming_a_pickled_cache_is_used_without_it(
+    small_config, tmp_path, marker, capsys, key
+):
+    summary = run("SASRec", "tiny", config_dict=dict(small_config, epochs=1))
+    genuine = load_checkpoint(summary["checkpoint"])
+    genuine["config"][key] = str(plant_pickle(tmp_path / "cache.pth", marker))
+    genuine["config"]["save_dataset"] = True
+    edited = tmp_path / "edited.pth"
+    torch.save(genuine, edited, pickle_protocol=4)
+    capsys.readouterr()
+    assert main(["--recommend", str(edited), "--users", "1,2"]) == 0
+    captured = capsys.readouterr()
+    assert f"names {key}=" in captured.err and "ignored" in captured.err
+    assert captured.out.startswith("user,rank,item,score")
+    assert not list((tmp_path / "saved").glob("tiny-*Dataset.pth"))  # no cache written
+
+
+@pytest.mark.parametrize("key", ["dataset_save_path", "dataloaders_save_path"])
+@pytest.mark.parametrize("where", ["command line", "yaml"])
+def test_a_user_config_naming_a_pickled_cache_is_refused(
+    small_config, tmp_path, marker, capsys, key, where
+):
+    planted = plant_pickle(tmp_path / "cache.pth", marker)
+    args = ["--model=SASRec", "--dataset=tiny", *overrides(small_config)]
+    if where == "yaml":
+        yaml_file = tmp_path / "cache.yaml"
+        yaml_file.write_text(f"{key}: {planted}\n")
+        args += ["--config_files", str(yaml_file)]
+    else:
+        args.append(f"--{key}={planted}")
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {key}=")
+    assert "never reads pickled dataset or dataloader caches" in err
+    assert not (tmp_path / "saved").exists() or not list((tmp_path / "saved").glob("*.pth"))
+
+
+def test_save_dataset_writes_no_pickle(small_config, tmp_path):
+    config = dict(small_config, epochs=1, save_dataset=True, save_dataloaders=True, state="INFO")
+    run("SASRec", "tiny", config_dict=config)
+    assert [p.name for p in (tmp_path / "saved").iterdir() if "Dataset" in p.name] == []
+    assert not list((tmp_path / "saved").glob("*dataloader*"))
+    log = next((tmp_path / "log" / "SASRec").glob("*.log")).read_text()
+    assert "save_dataset=True is ignored" in log and "save_dataloaders=True is ignored" in log
+
+
+def test_trainer_reload_restores_exactly_the_saved_best_weights(small_config):
+    trainer, test = trained_trainer(small_config, epochs=3)
+    on_disk = load_checkpoint(trainer.saved_model_file)
+    for parameter in trainer.model.parameters():  # move away from the best weights
+        parameter.data.add_(1.0)
+    trainer.evaluate(test, load_best_model=True)
+    state = trainer.model.state_dict()
+    assert set(state) == set(on_disk["state_dict"])
+    assert all(torch.equal(state[name], on_disk["state_dict"][name]) for name in state)
+
+
+# --- verified loads ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def genuine(tiny_data, tmp_path_factory):
+    """One SASRec checkpoint and its run summary (trained once for these tests)."""
+    from conftest import SMALL_MODEL
+
+    work = tmp_path_factory.mktemp("genuine")
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        config = dict(
+            SMALL_MODEL, epochs=1, data_path=str(tiny_data), checkpoint_dir=str(work / "saved")
+        )
+        summary = run("SASRec", "tiny", config_dict=config)
+    finally:
+        os.chdir(cwd)
+    return summary
+
+
+def flip_a_bit_in_the_weights(source, target):
+    """Copy ``source`` with one bit flipped inside the item embedding's data record."""
+    import zipfile
+
+    with zipfile.ZipFile(source) as archive:
+        records = [i for i in archive.infolist() if "/data/" in i.filename]
+        largest = max(records, key=lambda i: i.file_size)  # the item embedding table
+    raw = bytearray(open(source, "rb").read())
+    header = largest.header_offset
+    name_length = int.from_bytes(raw[header + 26 : header + 28], "little")
+    extra_length = int.from_bytes(raw[header + 28 : header + 30], "little")
+    raw[header + 30 + name_length + extra_length + 5] ^= 0x10
+    open(target, "wb").write(bytes(raw))
+    return target
+
+
+def test_a_damaged_checkpoint_is_refused(genuine, tmp_path, capsys):
+    damaged = flip_a_bit_in_the_weights(genuine["checkpoint"], tmp_path / "damaged.pth")
+    assert main(["--recommend", str(damaged), "--users", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is damaged: record" in err and "CRC-32" in err
+    assert main(["--analyze", str(damaged), "--out", str(tmp_path / "a")]) == 2
+    assert "is damaged" in capsys.readouterr().err
+
+
+def test_non_finite_weights_are_refused(genuine, tmp_path, capsys):
+    checkpoint = load_checkpoint(genuine["checkpoint"])
+    checkpoint["state_dict"]["item_embedding.weight"][3, 0] = float("nan")
+    edited = tmp_path / "nan.pth"
+    torch.save(checkpoint, edited, pickle_protocol=4)
+    for mode in (["--recommend", str(edited), "--users", "1"], ["--analyze", str(edited)]):
+        assert main(mode) == 2
+        err = capsys.readouterr().err
+        assert "holds non-finite weights (NaN or infinity) in item_embedding.weight" in err
+
+
+def test_config_sizes_that_do_not_fit_the_weights_build_nothing(
+    genuine, tmp_path, capsys, monkeypatch
+):
+    import recbole_freq.compat as compat
+
+    checkpoint = load_checkpoint(genuine["checkpoint"])
+    checkpoint["config"]["MAX_ITEM_LIST_LENGTH"] = 1_000_000
+    edited = tmp_path / "huge.pth"
+    torch.save(checkpoint, edited, pickle_protocol=4)
+
+    def no_dataset(config):
+        raise AssertionError("the dataset was built before the sizes were checked")
+
+    monkeypatch.setattr(compat, "_recbole_dataset_class", no_dataset)
+    assert main(["--recommend", str(edited), "--users", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "MAX_ITEM_LIST_LENGTH=1000000 but position_embedding.weight has 12 positions" in err
+
+
+def test_the_summary_names_the_weights_that_recommend_uses(genuine, tmp_path, capsys):
+    from recbole_freq.checkpoint import weights_fingerprint
+
+    on_disk = load_checkpoint(genuine["checkpoint"])
+    assert genuine["weights_sha256"] == weights_fingerprint(on_disk["state_dict"])
+    assert genuine["log_file"].endswith(".log") and os.path.isfile(genuine["log_file"])
+    assert main(["--recommend", genuine["checkpoint"], "--users", "1"]) == 0
+    err = capsys.readouterr().err
+    assert f"weights sha256 {genuine['weights_sha256'][:16]}" in err and "warning" not in err
+    # The same file name holding other (valid) weights: said, not hidden.
+    replaced = tmp_path / "replaced.pth"
+    on_disk["state_dict"]["item_embedding.weight"] += 0.5
+    torch.save(on_disk, replaced, pickle_protocol=4)
+    summary = json.loads(open(genuine["summary_file"]).read())
+    (tmp_path / "replaced.json").write_text(json.dumps(summary))
+    assert main(["--recommend", str(replaced), "--users", "1"]) == 0
+    assert "recorded " + genuine["weights_sha256"][:16] in capsys.readouterr().err
+
+
+def test_two_identical_runs_started_together_write_separate_logs(small_config, tmp_path):
+    first = run("SASRec", "tiny", config_dict=dict(small_config, epochs=1))
+    second = run("SASRec", "tiny", config_dict=dict(small_config, epochs=1))
+    assert first["log_file"] != second["log_file"]
+    assert len(list((tmp_path / "log_tensorboard").iterdir())) == 2
