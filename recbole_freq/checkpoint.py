@@ -105,7 +105,10 @@ def _fixed_allowlist() -> dict[tuple[str, str], tuple[object, str]]:
         allow.setdefault((module, name), (obj, "call"))
     for config_class in (Config, FreqConfig):
         allow[(config_class.__module__, config_class.__qualname__)] = (config_class, "new")
-    for loader in (yaml.loader.FullLoader, yaml.loader.Loader, yaml.loader.SafeLoader):
+    from recbole_freq.config import SafeConfigLoader
+
+    loaders = (yaml.loader.FullLoader, yaml.loader.Loader, yaml.loader.SafeLoader)
+    for loader in (*loaders, SafeConfigLoader):
         allow[(loader.__module__, loader.__qualname__)] = (loader, "reference")
     return allow
 

@@ -162,15 +162,22 @@ def _store_run(out: Path, settings: dict, model: str, seed: int, summary: dict) 
 # ---------------------------------------------------------------------------- training
 
 
-def _train_one(model, dataset, config_files, overrides, seed, workdir=None) -> dict:
-    """One run of the comparison (also the body of a Ray task)."""
+def _train_one(model, dataset, config_files, overrides, seed, workdir=None, models=()) -> dict:
+    """One run of the comparison (also the body of a Ray task); ``models``: all compared
+    models, which share the overrides (a key one of them reads is accepted)."""
     from recbole_freq.quick_start import run
 
     if workdir and os.path.isdir(workdir):
         # Ray workers of a remote cluster may start elsewhere; relative paths
         # (data_path, checkpoint_dir, log/) are meant relative to the driver's folder.
         os.chdir(workdir)
-    return run(model, dataset, config_files, cmd_overrides={**overrides, "seed": seed})
+    return run(
+        model,
+        dataset,
+        config_files,
+        cmd_overrides={**overrides, "seed": seed},
+        shared_with=models,
+    )
 
 
 def _validate(models, dataset, config_files, overrides, seeds) -> dict:
@@ -183,7 +190,11 @@ def _validate(models, dataset, config_files, overrides, seeds) -> dict:
     first = None
     for model in models:
         config = FreqConfig(
-            model, dataset, config_files, cmd_overrides={**overrides, "seed": seeds[0]}
+            model,
+            dataset,
+            config_files,
+            cmd_overrides={**overrides, "seed": seeds[0]},
+            shared_with=models,
         )
         check_prepared(config)
         if first is None:
@@ -191,18 +202,18 @@ def _validate(models, dataset, config_files, overrides, seeds) -> dict:
     return first
 
 
-def _run_sequential(jobs, dataset, config_files, overrides, out, settings, log):
+def _run_sequential(jobs, dataset, config_files, overrides, out, settings, log, models):
     trained = []
     for index, (model, seed) in enumerate(jobs, 1):
         log(f"[{index}/{len(jobs)}] training {model} seed {seed} ...")
-        summary = _train_one(model, dataset, config_files, overrides, seed)
+        summary = _train_one(model, dataset, config_files, overrides, seed, models=tuple(models))
         _store_run(out, settings, model, seed, summary)
         trained.append((model, seed))
         log(f"[{index}/{len(jobs)}] {model} seed {seed} done: {_headline(summary)}")
     return trained
 
 
-def _run_on_ray(jobs, dataset, config_files, overrides, out, settings, log, ray_options):
+def _run_on_ray(jobs, dataset, config_files, overrides, out, settings, log, ray_options, models):
     try:
         import ray
     except ImportError as error:
@@ -227,7 +238,10 @@ def _run_on_ray(jobs, dataset, config_files, overrides, out, settings, log, ray_
     )
     workdir = os.getcwd()
     pending = {
-        remote.remote(model, dataset, config_files, overrides, seed, workdir): (model, seed)
+        remote.remote(model, dataset, config_files, overrides, seed, workdir, tuple(models)): (
+            model,
+            seed,
+        )
         for model, seed in jobs
     }
     log(f"submitted {len(pending)} runs to Ray")
@@ -650,10 +664,12 @@ def compare(
             address=ray_address, cpus_per_run=cpus_per_run, gpus_per_run=gpus_per_run
         )
         trained = _run_on_ray(
-            jobs, dataset, config_files, overrides, out, settings, log, ray_options
+            jobs, dataset, config_files, overrides, out, settings, log, ray_options, models
         )
     elif jobs:
-        trained = _run_sequential(jobs, dataset, config_files, overrides, out, settings, log)
+        trained = _run_sequential(
+            jobs, dataset, config_files, overrides, out, settings, log, tuple(models)
+        )
     else:
         trained = []
 

@@ -6,13 +6,20 @@ Priority, lowest first: RecBole's own defaults and built-in model yaml, then
 ``config_dict`` and finally the command-line overrides.  Unlike RecBole's ``Config``,
 command-line overrides are passed in explicitly and ``sys.argv`` is never read, so flags
 of other programs (Ray workers, pytest) cannot leak into a configuration.
+
+Every key the user gives must be one that something reads, with a value of the right type
+(``recbole_freq.settings``).  yaml files are read with a safe loader (RecBole's own is
+``FullLoader``, which resolves ``!!python/name`` tags to live objects), and a file that is
+malformed, not a mapping or unreadable is one clear error naming the file.
 """
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
 
+import yaml
 from recbole.config import Config
 
 from recbole_freq.model import MODELS
@@ -87,6 +94,56 @@ def property_files(model_name: str, dataset: str | None, paper: bool = False) ->
     return files
 
 
+class ConfigFileError(ValueError):
+    """A config file that cannot be read as a yaml mapping of settings."""
+
+
+class SafeConfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` (no Python tags) with RecBole's float resolver, so that
+    ``1e-3`` is a float as in RecBole's own loader."""
+
+
+SafeConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+][0-9]+)?
+        |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def read_config_file(path) -> dict:
+    """The settings of one yaml config file; ``ConfigFileError`` in one line otherwise."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise ConfigFileError(f"config file {path}: cannot be read ({reason})") from error
+    try:
+        loaded = yaml.load(text, Loader=SafeConfigLoader)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f", line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        if "python/" in str(error):
+            problem = "Python tags (!!python/...) are not allowed in config files"
+        raise ConfigFileError(f"config file {path}{where}: {problem}") from error
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict) or not all(isinstance(key, str) for key in loaded):
+        raise ConfigFileError(
+            f"config file {path} holds a {type(loaded).__name__}, not a mapping of settings "
+            "(write one `key: value` per line)"
+        )
+    return loaded
+
+
 class FreqConfig(Config):
     """``recbole.config.Config`` plus the plugin's models and property files."""
 
@@ -98,17 +155,60 @@ class FreqConfig(Config):
         config_dict=None,
         cmd_overrides=None,
         paper=False,
+        shared_with=(),
     ):
+        """``shared_with``: names of other models given the same settings (a comparison):
+        a setting that one of them reads is accepted for this one too."""
         self._cmd_overrides = dict(cmd_overrides or {})
+        self._shared_with = tuple(get_model_class(name) for name in shared_with)
         model_class = get_model_class(model)
         files = property_files(model_class.__name__, dataset, paper)
+        self._property_file_count = len(files)
+        self._user_file_keys: dict[str, str] = {}
         for path in config_file_list or []:
             if not Path(path).is_file():
                 raise FileNotFoundError(f"config file {path!r} does not exist")
             files.append(str(path))
+        given_dict = dict(config_dict or {})
         super().__init__(
             model=model_class, dataset=dataset, config_file_list=files, config_dict=config_dict
         )
+        self._check_user_settings(model_class, given_dict)
+
+    def _build_yaml_loader(self):
+        return SafeConfigLoader
+
+    def _load_config_files(self, file_list):
+        merged = {}
+        for index, path in enumerate(file_list or []):
+            values = read_config_file(path)
+            merged.update(values)
+            if index >= self._property_file_count:
+                self._user_file_keys.update({key: str(path) for key in values})
+        return merged
 
     def _load_cmd_line(self):
         return self._convert_config_dict(dict(self._cmd_overrides))
+
+    def _check_user_settings(self, model_class, given_dict: dict) -> None:
+        """Every key the user gave is read by something and has the right type; a
+        ``model:`` or ``dataset:`` that disagrees with the chosen one is refused."""
+        from recbole_freq.settings import IDENTITY_KEYS, check_user_settings
+
+        given = {
+            key: (f"config file {path}", self.file_config_dict[key])
+            for key, path in self._user_file_keys.items()
+        }
+        given.update({key: ("config_dict", self.variable_config_dict[key]) for key in given_dict})
+        given.update(
+            {key: ("command line", self.cmd_config_dict[key]) for key in self._cmd_overrides}
+        )
+        for key in IDENTITY_KEYS:
+            if key in given and given[key][1] != self.final_config_dict[key]:
+                where, value = given[key]
+                chosen = model_class.__name__ if key == "model" else self.dataset
+                raise ValueError(
+                    f"{where} sets {key}: {value} but this run's {key} is {chosen}; give the "
+                    f"{key} in one place (--{key}={value} on the command line)"
+                )
+        check_user_settings(model_class, given, self._shared_with)

@@ -80,10 +80,15 @@ def run(
     cmd_overrides=None,
     paper: bool = False,
     saved: bool = True,
+    shared_with=(),
 ) -> dict:
-    """Train ``model`` on ``dataset`` and evaluate on the test split; return a summary."""
+    """Train ``model`` on ``dataset`` and evaluate on the test split; return a summary.
+    ``shared_with``: other models given the same settings (``FreqConfig``)."""
     start = time.perf_counter()
-    config = FreqConfig(model, dataset, config_files, config_dict, cmd_overrides, paper)
+    config = FreqConfig(
+        model, dataset, config_files, config_dict, cmd_overrides, paper, shared_with
+    )
+    check_training_budget(config)
     check_prepared(config)
     check_output_locations(config, saved)
     init_seed(config["seed"], config["reproducibility"])
@@ -94,6 +99,7 @@ def run(
     recbole_dataset = create_dataset(config)
     logger.info(recbole_dataset)
     train_data, valid_data, test_data = data_preparation(config, recbole_dataset)
+    check_split_rows(config, recbole_dataset, train_data, valid_data, test_data)
     noise = corrupt_training_data(config, train_data, valid_data, test_data)
 
     init_seed(config["seed"] + config["local_rank"], config["reproducibility"])
@@ -166,6 +172,47 @@ class SummaryNotWrittenError(OutputWriteError):
     """The run finished but its summary file could not be written; ``summary`` holds it."""
 
     summary: dict
+
+
+def check_training_budget(config) -> None:
+    """A run that would not train, or never validate, is an error before anything runs."""
+    epochs, eval_step = config["epochs"], config["eval_step"]
+    if epochs < 1:
+        raise ValueError(
+            f"epochs={epochs}: a run needs at least 1 training epoch (with 0 it would "
+            "report test metrics of an untrained model)"
+        )
+    if eval_step > epochs:
+        raise ValueError(
+            f"eval_step={eval_step} with epochs={epochs} never validates, so no best epoch "
+            "exists; use eval_step <= epochs (or eval_step=0 to train without validation "
+            "and test the last epoch)"
+        )
+
+
+def check_split_rows(config, dataset, *loaders) -> None:
+    """Every split must hold rows: a run whose validation split is empty would train with
+    no early stopping, pick no best epoch and still report success."""
+    uid = dataset.uid_field
+    users = dataset.user_num - 1  # id 0 is padding
+    for name, loader in zip(("training", "validation", "test"), loaders):
+        if name == "validation" and config["eval_step"] <= 0:
+            continue
+        split = loader._dataset
+        rows = len(split)
+        if rows == 0:
+            raise ValueError(
+                f"dataset {config['dataset']!r} has no {name} rows: no user has enough "
+                f"interactions for split {dict(config['eval_args']['split'])} (a leave-one-out "
+                "split needs at least 3 per user); prepare a dataset with longer histories"
+            )
+        if name != "training":
+            covered = len(split.inter_feat[uid].unique())
+            if covered < users:
+                logging.getLogger().warning(
+                    f"{users - covered} of {users} users have no {name} row (too few "
+                    "interactions for the split); they are left out of its metrics"
+                )
 
 
 def check_output_locations(config, saved: bool) -> None:

@@ -42,6 +42,15 @@ def write_sequences(path: Path, n_users=60, n_items=40, seed=0, min_len=5, max_l
     return path
 
 
+# Settings of SMALL_MODEL that RNN baselines do not read (and so refuse).
+TRANSFORMER_ONLY = ("inner_size", "n_heads", "n_layers")
+
+
+def without_transformer_settings(config: dict) -> dict:
+    """``config`` for a model without Transformer layers (GRU4Rec, STAMP ...)."""
+    return {key: value for key, value in config.items() if key not in TRANSFORMER_ONLY}
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
     """Data folder holding the prepared dataset ``tiny`` (60 users, 40 items)."""

@@ -7,6 +7,7 @@ import torch
 from recbole.data import create_dataset, data_preparation
 from recbole.utils import init_seed
 
+from conftest import without_transformer_settings
 from recbole_freq import quick_start
 from recbole_freq.config import FreqConfig, get_model_class, properties_dir
 from recbole_freq.evaluation import SampledScorer, use_full_sort_for_sampled_scoring
@@ -16,6 +17,8 @@ UNI100 = str(properties_dir() / "protocol" / "uni100.yaml")
 
 
 def uni100_model(name, small_config):
+    if name == "GRU4Rec":
+        small_config = without_transformer_settings(small_config)
     config = FreqConfig(name, "tiny", [UNI100], cmd_overrides=small_config)
     init_seed(config["seed"], config["reproducibility"])
     train, _, test = data_preparation(config, create_dataset(config))

@@ -366,7 +366,7 @@ def test_table3_ablations_are_configuration(small_config, ablation, operator, re
 
 BAD_INPUTS = [
     (["--poly_order=-1"], "poly_order=-1 must be an integer >= 0"),
-    (["--poly_order=1.5"], "poly_order=1.5 must be an integer >= 0"),
+    (["--poly_order=1.5"], "--poly_order (command line) must be an integer, got 1.5"),
     (["--trc_c=8"], "trc_c=8 is larger than the spectrum: MAX_ITEM_LIST_LENGTH=12 has 7"),
     (["--trc_c=0"], "trc_c=0 must be an integer >= 1"),
     (["--trc_alpha=1.5"], "trc_alpha=1.5 must lie in [0, 1]"),

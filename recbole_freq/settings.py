@@ -1,0 +1,238 @@
+"""Which settings exist, and what type each takes: derived, never hand-kept.
+
+A misspelled setting (``--epoch=3``, ``hiden_size: 64``, ``--learning-rate=0.01``) would
+otherwise be stored in the config and read by nobody: the run trains with the default
+and reports success.  Every key a user gives (command line, ``--config_files``, a
+``config_dict``) must be one that something reads:
+
+- RecBole: the keys of all its property files (``overall.yaml``, ``dataset/*.yaml``,
+  ``quick_start_config/*.yaml``) and the keys its code outside ``recbole/model`` reads
+  (``config["..."]`` in the dataset loader, samplers, trainers, evaluators, ``Config``);
+- the chosen model: its RecBole or plugin property file, the keys its class and base
+  classes read in their source, and, for plugin models, the keys of every registered
+  encoder component (any attention operator or residual path is one config line away);
+- the plugin: the keys of all its property files (``properties/``).
+
+A user's own extension keys are listed under ``accept_unknown_keys``.
+
+Types come from the defaults in all those property files: a key whose defaults are all
+integers takes an integer, one with a real-valued default takes a finite number, and a
+boolean default takes ``True`` / ``False``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+import math
+import re
+from pathlib import Path
+
+import yaml
+
+ESCAPE_HATCH = "accept_unknown_keys"
+# Keys that say which model and dataset a config is for: checked by FreqConfig itself.
+IDENTITY_KEYS = ("model", "dataset")
+_READS = re.compile(
+    r"""(?:config|final_config_dict|config_dict)\[\s*["']([A-Za-z_][A-Za-z_0-9]*)["']\s*\]"""
+    r"""|config_value\(\s*config\s*,\s*["']([A-Za-z_][A-Za-z_0-9]*)["']"""
+)
+
+
+class UnknownSettingError(ValueError):
+    """A setting nothing reads, or a value of the wrong type."""
+
+
+def _recbole_root() -> Path:
+    import recbole
+
+    return Path(recbole.__file__).parent
+
+
+def _plugin_properties() -> Path:
+    from recbole_freq.config import properties_dir
+
+    return properties_dir()
+
+
+def _yaml_mapping(path: Path) -> dict:
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _keys_read_in(source: str) -> set[str]:
+    return {a or b for a, b in _READS.findall(source)}
+
+
+@functools.lru_cache(maxsize=1)
+def _property_files() -> tuple[tuple[Path, str], ...]:
+    """``(path, owner)`` of every property file; owner is ``"common"`` or a model name."""
+    recbole_props = _recbole_root() / "properties"
+    plugin_props = _plugin_properties()
+    files = [(recbole_props / "overall.yaml", "common")]
+    files += [(p, "common") for p in sorted((recbole_props / "dataset").glob("*.yaml"))]
+    files += [(p, "common") for p in sorted((recbole_props / "quick_start_config").glob("*.yaml"))]
+    files += [(p, p.stem) for p in sorted((recbole_props / "model").glob("*.yaml"))]
+    for path in sorted(plugin_props.rglob("*.yaml")):
+        relative = path.relative_to(plugin_props).parts
+        if relative[0] == "model":
+            files.append((path, path.stem))
+        elif relative[0] == "paper" and len(relative) == 3:
+            files.append((path, relative[1]))
+        else:
+            files.append((path, "common"))
+    return tuple(files)
+
+
+@functools.lru_cache(maxsize=1)
+def common_keys() -> frozenset[str]:
+    """Keys every run may set: RecBole's and the plugin's shared property files, and what
+    RecBole reads outside its models."""
+    keys = {ESCAPE_HATCH}
+    for path, owner in _property_files():
+        if owner == "common":
+            keys |= set(_yaml_mapping(path))
+    root = _recbole_root()
+    for source in root.rglob("*.py"):
+        if "model" not in source.relative_to(root).parts[:1]:
+            keys |= _keys_read_in(source.read_text(encoding="utf-8"))
+    return frozenset(keys)
+
+
+@functools.lru_cache(maxsize=1)
+def keys_by_model() -> dict[str, frozenset[str]]:
+    """Model name -> the keys of its property files."""
+    found: dict[str, set[str]] = {}
+    for path, owner in _property_files():
+        if owner != "common":
+            found.setdefault(owner, set()).update(_yaml_mapping(path))
+    return {name: frozenset(keys) for name, keys in found.items()}
+
+
+@functools.cache
+def _keys_in_source(model_class: type) -> frozenset[str]:
+    keys = set()
+    for klass in inspect.getmro(model_class):
+        module = inspect.getmodule(klass)
+        if module is None or not module.__name__.startswith(("recbole.", "recbole_freq.")):
+            continue
+        try:
+            keys |= _keys_read_in(inspect.getsource(module))
+        except (OSError, TypeError):
+            continue
+    if model_class.__module__.startswith("recbole_freq."):
+        from recbole_freq.model import layers
+
+        keys |= _keys_read_in(inspect.getsource(layers))
+    return frozenset(keys)
+
+
+def model_keys(model_class: type) -> frozenset[str]:
+    """Keys ``model_class`` reads: its property files, its and its bases' source, and for
+    plugin models every encoder component registered now."""
+    keys = set(keys_by_model().get(model_class.__name__, ())) | _keys_in_source(model_class)
+    if model_class.__module__.startswith("recbole_freq."):
+        from recbole_freq.model import layers
+
+        for registry in (layers.ATTENTION_OPERATORS, layers.RESIDUAL_PATHS):
+            for component in registry.values():
+                keys |= set(component.config_keys)
+    return frozenset(keys)
+
+
+@functools.lru_cache(maxsize=1)
+def setting_types() -> dict[str, str]:
+    """Key -> ``"integer"``, ``"number"`` or ``"boolean"``, from every default in the
+    property files (a key with mixed or non-numeric defaults is not typed)."""
+    seen: dict[str, set[str]] = {}
+    for path, _ in _property_files():
+        for key, value in _yaml_mapping(path).items():
+            if isinstance(value, bool):
+                kind = "boolean"
+            elif isinstance(value, int):
+                kind = "integer"
+            elif isinstance(value, float):
+                kind = "number"
+            else:
+                kind = "other" if value is not None else None
+            if kind:
+                seen.setdefault(key, set()).add(kind)
+    types = {}
+    for key, kinds in seen.items():
+        if kinds == {"boolean"}:
+            types[key] = "boolean"
+        elif kinds == {"integer"}:
+            types[key] = "integer"
+        elif kinds <= {"integer", "number"}:
+            types[key] = "number"
+    return types
+
+
+def type_problem(key: str, value) -> str | None:
+    """Why ``value`` does not fit ``key``'s type, or None."""
+    expected = setting_types().get(key)
+    if expected is None or value is None:
+        return None
+    if expected == "boolean":
+        return None if isinstance(value, bool) else "must be True or False"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "must be an integer" if expected == "integer" else "must be a number"
+    if expected == "integer" and not isinstance(value, int):
+        return "must be an integer"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "must be a finite number"
+    return None
+
+
+def check_user_settings(
+    model_class: type, given: dict[str, tuple[str, object]], shared_with=()
+) -> None:
+    """``given``: key -> (where it was given, its value).  ``UnknownSettingError`` for the
+    first key nothing reads or whose value has the wrong type.  ``shared_with``: other
+    model classes the same settings are given to (a comparison): a key one of them reads
+    is accepted."""
+    extension = set()
+    for key in (ESCAPE_HATCH,):
+        if key in given:
+            value = given[key][1]
+            names = [value] if isinstance(value, str) else value
+            if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+                raise UnknownSettingError(
+                    f"{given[key][0]}: {ESCAPE_HATCH} must be a list of key names"
+                )
+            extension |= set(names)
+    known = common_keys() | model_keys(model_class) | extension | set(IDENTITY_KEYS)
+    for other in shared_with:
+        known |= model_keys(other)
+    model = model_class.__name__
+    for key, (where, value) in given.items():
+        if key not in known:
+            raise UnknownSettingError(_unknown_message(key, where, model, known))
+        problem = type_problem(key, value)
+        if problem:
+            flag = "--" if where == "command line" else ""
+            raise UnknownSettingError(f"{flag}{key} ({where}) {problem}, got {value!r}")
+
+
+def _unknown_message(key: str, where: str, model: str, known) -> str:
+    flag = "--" if where == "command line" else ""
+    owners = sorted(name for name, keys in keys_by_model().items() if key in keys)
+    if owners:
+        return (
+            f"{flag}{key} ({where}) is not a setting of {model} (it is one of "
+            f"{', '.join(owners[:6])}{' ...' if len(owners) > 6 else ''}) and would have no "
+            f"effect; remove it, or list it under {ESCAPE_HATCH} if your code reads it"
+        )
+    close = difflib.get_close_matches(key.replace("-", "_"), sorted(known), n=1, cutoff=0.6)
+    if not close:
+        lowered = {k.lower(): k for k in known}
+        close = [lowered[key.lower()]] if key.lower() in lowered else []
+    hint = f"did you mean {flag}{close[0]}? " if close else ""
+    return (
+        f"unknown setting {flag}{key} ({where}): nothing in RecBole, {model} or recbole-freq "
+        f"reads it. {hint}(A key of your own: list it under {ESCAPE_HATCH}.)"
+    )

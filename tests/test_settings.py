@@ -1,0 +1,285 @@
+"""Nothing silently different: every setting a user gives is read by something, has the
+right type, and every config file is read safely or refused in one line."""
+
+from pathlib import Path
+
+import pytest
+
+from conftest import SMALL_MODEL
+from recbole_freq.config import ConfigFileError, FreqConfig, properties_dir
+from recbole_freq.quick_start import main
+from recbole_freq.settings import (
+    UnknownSettingError,
+    common_keys,
+    keys_by_model,
+    model_keys,
+    setting_types,
+)
+
+
+def cli(config: dict) -> list[str]:
+    return [f"--{key}={value}" for key, value in config.items()]
+
+
+def run_main(small_config, *args, model="BSARec"):
+    return main([f"--model={model}", "--dataset=tiny", *cli(small_config), *args])
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    return err
+
+
+MISSPELLED = [
+    ("--epoch=3", "unknown setting --epoch (command line)", "did you mean --epochs?"),
+    ("--hiden_size=64", "unknown setting --hiden_size", "did you mean --hidden_size?"),
+    ("--learning-rate=0.01", "unknown setting --learning-rate", "did you mean --learning_rate?"),
+    ("--Epochs=3", "unknown setting --Epochs", "did you mean --epochs?"),
+]
+
+
+@pytest.mark.parametrize("arg,message,hint", MISSPELLED, ids=[m[0] for m in MISSPELLED])
+def test_misspelled_settings_on_the_command_line_are_refused(
+    small_config, capsys, arg, message, hint
+):
+    assert run_main(small_config, arg) == 2
+    err = one_error_line(capsys)
+    assert message in err and hint in err and "accept_unknown_keys" in err
+    assert not Path(small_config["checkpoint_dir"]).exists()  # refused before training
+
+
+def test_a_setting_of_another_model_is_refused(small_config, capsys):
+    assert run_main(small_config, "--alpha=0.5", model="SASRec") == 2
+    err = one_error_line(capsys)
+    assert "--alpha (command line) is not a setting of SASRec" in err and "BSARec" in err
+
+
+def test_misspelled_settings_in_yaml_name_the_file(small_config, tmp_path, capsys):
+    config_file = tmp_path / "mine.yaml"
+    config_file.write_text("learning_rate: 0.01\nhiden_size: 64\n")
+    assert run_main(small_config, "--config_files", str(config_file)) == 2
+    err = one_error_line(capsys)
+    assert f"unknown setting hiden_size (config file {config_file})" in err
+    assert "did you mean hidden_size?" in err
+
+
+def test_misspelled_settings_of_a_comparison_fail_before_training(small_config, tmp_path, capsys):
+    shared = {k: v for k, v in small_config.items() if k != "seed"}
+    args = ["--compare", "SASRec,GRU4Rec", "--dataset=tiny", "--seeds", "1"]
+    assert main([*args, "--out", str(tmp_path / "c"), *cli(shared), "--epoch=1"]) == 2
+    assert "did you mean --epochs?" in one_error_line(capsys)
+    assert not (tmp_path / "c" / "runs").exists()
+
+
+def test_a_comparison_accepts_a_setting_that_one_of_its_models_reads(tiny_data):
+    # inner_size is read by SASRec, not GRU4Rec: one set of overrides serves both.
+    overrides = {"inner_size": "32", "data_path": str(tiny_data)}
+    with pytest.raises(UnknownSettingError, match="not a setting of GRU4Rec"):
+        FreqConfig("GRU4Rec", "tiny", cmd_overrides=overrides)
+    config = FreqConfig("GRU4Rec", "tiny", cmd_overrides=overrides, shared_with=["SASRec"])
+    assert config["inner_size"] == 32
+
+
+def test_a_search_with_a_misspelled_fixed_setting_fails_before_ray(small_config, tmp_path, capsys):
+    hyper = tmp_path / "space.hyper"
+    hyper.write_text("alpha choice [0.1,0.9]\n")
+    args = ["--hyper_file", str(hyper), "--model=BSARec", "--dataset=tiny"]
+    assert (
+        main([*args, "--storage_path", str(tmp_path / "ray"), *cli(small_config), "--epoch=1"]) == 2
+    )
+    assert "did you mean --epochs?" in one_error_line(capsys)
+
+
+def test_users_own_keys_pass_through_the_escape_hatch(tiny_data, tmp_path):
+    overrides = {"data_path": str(tiny_data), "my_experiment_tag": "'run-7'"}
+    with pytest.raises(UnknownSettingError, match="my_experiment_tag"):
+        FreqConfig("BSARec", "tiny", cmd_overrides=overrides)
+    config_file = tmp_path / "mine.yaml"
+    config_file.write_text("accept_unknown_keys: [my_experiment_tag]\n")
+    config = FreqConfig("BSARec", "tiny", [str(config_file)], cmd_overrides=overrides)
+    assert config["my_experiment_tag"] == "run-7"
+
+
+WRONG_TYPES = [
+    ("--epochs=1.5", "--epochs (command line) must be an integer, got 1.5"),
+    ("--epochs=abc", "--epochs (command line) must be an integer, got 'abc'"),
+    ("--alpha=abc", "--alpha (command line) must be a number, got 'abc'"),
+    ("--n_heads=2.0", "--n_heads (command line) must be an integer, got 2.0"),
+    ("--learning_rate=nan", "--learning_rate (command line) must be a number, got 'nan'"),
+    ("--hidden_dropout_prob=inf", "--hidden_dropout_prob (command line) must be a number"),
+    ("--show_progress=3", "--show_progress (command line) must be True or False, got 3"),
+]
+
+
+@pytest.mark.parametrize("arg,message", WRONG_TYPES, ids=[m[0] for m in WRONG_TYPES])
+def test_values_of_the_wrong_type_name_the_key_and_the_type(small_config, capsys, arg, message):
+    key = arg[2:].split("=")[0]
+    base = {k: v for k, v in small_config.items() if k != key}
+    assert run_main(base, arg) == 2
+    assert message in one_error_line(capsys)
+
+
+def test_non_finite_numbers_in_yaml_are_refused(small_config, tmp_path, capsys):
+    config_file = tmp_path / "nan.yaml"
+    config_file.write_text("learning_rate: .nan\n")
+    assert run_main(small_config, "--config_files", str(config_file)) == 2
+    assert "learning_rate (config file" in (err := one_error_line(capsys))
+    assert "must be a finite number, got nan" in err
+
+
+def test_real_valued_settings_take_integers_and_floats(tiny_data):
+    config = FreqConfig(
+        "BSARec",
+        "tiny",
+        cmd_overrides={"data_path": str(tiny_data), "learning_rate": "1", "alpha": "1e-1"},
+    )
+    assert config["learning_rate"] == 1 and config["alpha"] == pytest.approx(0.1)
+
+
+BAD_FILES = [
+    ("broken.yaml", "epochs: [1, 2\n", "line 2"),
+    ("list.yaml", "- epochs: 3\n- alpha: 0.5\n", "holds a list, not a mapping of settings"),
+    ("scalar.yaml", "just words\n", "holds a str, not a mapping of settings"),
+    ("tabs.yaml", "epochs:\t3\n\t- x\n", "config file"),
+]
+
+
+@pytest.mark.parametrize("name,text,message", BAD_FILES, ids=[b[0] for b in BAD_FILES])
+def test_unreadable_config_files_are_one_line(small_config, tmp_path, capsys, name, text, message):
+    config_file = tmp_path / name
+    config_file.write_text(text)
+    assert run_main(small_config, "--config_files", str(config_file)) == 2
+    err = one_error_line(capsys)
+    assert f"config file {config_file}" in err and message in err
+    shared = {k: v for k, v in small_config.items() if k != "seed"}
+    compare = ["--compare", "SASRec", "--dataset=tiny", "--seeds", "1"]
+    assert (
+        main(
+            [
+                *compare,
+                "--out",
+                str(tmp_path / "c"),
+                "--config_files",
+                str(config_file),
+                *cli(shared),
+            ]
+        )
+        == 2
+    )
+    assert f"config file {config_file}" in one_error_line(capsys)
+
+
+def test_a_python_tag_in_a_config_file_runs_nothing(small_config, tmp_path, capsys):
+    marker = tmp_path / "PAYLOAD_RAN"
+    config_file = tmp_path / "evil.yaml"
+    config_file.write_text(f'epochs: !!python/object/apply:os.system ["touch {marker}"]\n')
+    named = tmp_path / "named.yaml"
+    named.write_text("learner: !!python/name:os.system\n")
+    for path in (config_file, named):
+        assert run_main(small_config, "--config_files", str(path)) == 2
+        assert "Python tags (!!python/...) are not allowed" in one_error_line(capsys)
+    assert not marker.exists()
+
+
+def test_model_and_dataset_keys_in_a_config_file_must_agree(small_config, tmp_path, capsys):
+    config_file = tmp_path / "model.yaml"
+    config_file.write_text("model: SASRec\n")
+    assert run_main(small_config, "--config_files", str(config_file)) == 2
+    err = one_error_line(capsys)
+    assert "sets model: SASRec but this run's model is BSARec" in err
+    config_file.write_text("model: BSARec\ndataset: tiny\n")
+    config = FreqConfig("BSARec", "tiny", [str(config_file)], config_dict=small_config)
+    assert config["model"] == "BSARec"
+
+
+def test_config_file_errors_are_config_file_errors(tmp_path):
+    config_file = tmp_path / "list.yaml"
+    config_file.write_text("- a\n")
+    with pytest.raises(ConfigFileError):
+        FreqConfig("BSARec", "tiny", [str(config_file)])
+
+
+# --- the derivation itself --------------------------------------------------------
+
+
+def test_every_key_of_the_property_files_is_known():
+    for path in sorted(properties_dir().rglob("*.yaml")):
+        import yaml
+
+        keys = set(yaml.safe_load(path.read_text()) or {})
+        owner = path.stem if path.parent.name == "model" else None
+        known = common_keys() | (keys_by_model().get(owner, frozenset()) if owner else set())
+        if path.parent.parent.name == "paper":
+            known |= keys_by_model()[path.parent.name]
+        assert keys <= known, (path, keys - known)
+
+
+def test_keys_a_recbole_model_reads_only_in_its_code_are_known():
+    from recbole_freq.config import get_model_class
+
+    # FEARec reads these in its source; its property file does not list them.
+    assert {"contrast", "sim", "tau"} <= model_keys(get_model_class("FEARec"))
+    assert "alpha" in model_keys(get_model_class("BSARec"))
+    assert "cl_temperature" in model_keys(get_model_class("PolyRec"))
+    assert "alpha" not in model_keys(get_model_class("SASRec"))
+
+
+def test_types_come_from_the_defaults():
+    types = setting_types()
+    assert types["epochs"] == "integer" and types["learning_rate"] == "number"
+    assert types["reproducibility"] == "boolean" and "gpu_id" not in types
+    # Real-valued wherever any default is a float, even if another default is 0.
+    assert types["hidden_dropout_prob"] == "number"
+    assert set(SMALL_MODEL) <= common_keys() | model_keys(
+        __import__("recbole_freq").MODELS["BSARec"]
+    )
+
+
+# --- runs that would not train or validate ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--epochs=-1"], "epochs=-1: a run needs at least 1 training epoch"),
+        (["--epochs=0"], "epochs=0: a run needs at least 1 training epoch"),
+        (["--epochs=2", "--eval_step=3"], "eval_step=3 with epochs=2 never validates"),
+    ],
+)
+def test_runs_that_would_not_train_or_validate_are_refused(small_config, capsys, args, message):
+    base = {k: v for k, v in small_config.items() if k != "epochs"}
+    assert run_main(base, *args) == 2
+    assert message in one_error_line(capsys)
+    assert not Path(small_config["checkpoint_dir"]).exists()
+
+
+def prepared(tmp_path, name, lengths):
+    from dataset_prep import convert_one_line
+
+    lines = [
+        " ".join(str(v) for v in [user, *[(user + i) % 20 + 1 for i in range(length)]])
+        for user, length in enumerate(lengths, 1)
+    ]
+    raw = tmp_path / f"{name}.txt"
+    raw.write_text("\n".join(lines) + "\n")
+    convert_one_line(raw, tmp_path / "data", name, show_progress=False)
+    return str(tmp_path / "data")
+
+
+def test_a_dataset_without_validation_rows_is_refused(small_config, tmp_path, capsys):
+    data_path = prepared(tmp_path, "short", [2] * 30)
+    config = dict(small_config, data_path=data_path)
+    assert main(["--model=SASRec", "--dataset=short", *cli(config)]) == 2
+    assert "dataset 'short' has no validation rows" in one_error_line(capsys)
+    assert not list(Path(small_config["checkpoint_dir"]).glob("*"))
+
+
+def test_users_too_short_for_validation_are_counted(small_config, tmp_path, caplog):
+    from recbole_freq.quick_start import run
+
+    data_path = prepared(tmp_path, "mixed", [2] * 10 + [6] * 20)
+    config = dict(small_config, data_path=data_path, epochs=1, MAX_ITEM_LIST_LENGTH=5)
+    summary = run("SASRec", "mixed", config_dict=config)
+    assert summary["best_epoch"] == 0
+    assert "10 of 30 users have no validation row" in caplog.text
