@@ -9,12 +9,67 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from .errors import UsageError
+
+# .<name>.<pid>-<random>.tmp: the process that owns a temporary file is in its name, so a
+# later run can tell the leftovers of a killed process from a live one's work.
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)-[0-9a-f]{16}\.tmp$")
+# Names used before the pid was part of them (.<name>.<12 hex>.tmp).
+_OLD_TEMPORARY = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
+OLD_TEMPORARY_AGE = 3600.0
+
+
+def temporary_name(target: Path) -> Path:
+    """``.<name>.<pid>-<random>.tmp`` beside ``target``: unpredictable (nobody can plant a
+    link there in advance) and naming its owner process."""
+    return target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(8)}.tmp")
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_temporaries(directory: Path | str) -> list[str]:
+    """Remove the temporary files that killed processes left in ``directory`` (only
+    names of our own pattern: a live process's temporary files are left alone).
+    Returns the names removed."""
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        match = _TEMPORARY.match(entry.name)
+        if match:
+            stale = not _process_alive(int(match["pid"]))
+        elif _OLD_TEMPORARY.match(entry.name):
+            try:
+                stale = now - entry.stat(follow_symlinks=False).st_mtime > OLD_TEMPORARY_AGE
+            except OSError:
+                continue
+        else:
+            continue
+        if stale and not entry.is_dir(follow_symlinks=False):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+                removed.append(entry.name)
+    return removed
 
 
 class Stage:
@@ -28,7 +83,7 @@ class Stage:
     def open(self, filename: str) -> BinaryIO:
         """A binary file that becomes `directory/filename` on commit."""
         final = self.directory / filename
-        tmp = self.directory / f".{filename}.{secrets.token_hex(6)}.tmp"
+        tmp = temporary_name(final)
         # os.open with 0o666 lets the umask decide permissions, like a plain open().
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         fh = os.fdopen(fd, "wb")
@@ -78,6 +133,7 @@ def staged_output(directory: Path | str) -> Iterator[Stage]:
     """
     directory = Path(directory)
     created = _make_dirs(directory)
+    remove_stale_temporaries(directory)
     stage = Stage(directory)
     try:
         yield stage

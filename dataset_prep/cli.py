@@ -68,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write the output even if a known dataset's statistics differ",
     )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing dataset of this name whose interactions differ",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--list", action="store_true", help="list the known datasets and exit")
     return parser
@@ -168,6 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             show_progress=not args.quiet,
             core=args.core,
             table=_table_options(args),
+            force=args.force,
         )
     except StatsMismatchError as exc:
         _error(f"{exc} Use --no-check to write it anyway.")

@@ -62,6 +62,7 @@ def convert(
     show_progress: bool = True,
     core: int | None = None,
     table: TableOptions | None = None,
+    force: bool = False,
 ) -> ConversionResult:
     """Convert `raw_path` into ``out_dir/name/name.inter`` and companions.
 
@@ -71,6 +72,8 @@ def convert(
     `expected` defaults to the registry's statistics when `name` is known.
     If they differ and `check` is true, `StatsMismatchError` is raised and
     nothing is written. Output is all-or-nothing and byte-identical on re-runs.
+    An existing dataset of that name whose interactions differ is replaced only with
+    `force`: checkpoints trained on it would otherwise silently rank other items.
     """
     validate_name(name)
     chosen = fmt if fmt is not None else default_format(name)
@@ -114,6 +117,8 @@ def convert(
     idmap_path = target / f"{name}.idmap.json" if raw.id_map is not None else None
     with staged_output(target) as stage:
         inter_sha256 = write_inter(stage.open(inter_path.name), raw.sequences)
+        if not force:
+            _refuse_replacing_other_data(inter_path, inter_sha256, name)
         if raw.id_map is not None and idmap_path is not None:
             idmap = {"schema": IDMAP_SCHEMA, "dataset": name, **raw.id_map.to_dict()}
             stage.open(idmap_path.name).write(_json_bytes(idmap, indent=None))
@@ -182,6 +187,7 @@ def convert_one_line(
     show_progress: bool = True,
     *,
     check: bool = True,
+    force: bool = False,
 ) -> Stats:
     """Convert a one-line-per-user file; see `convert` (which also returns paths)."""
     return convert(
@@ -192,7 +198,28 @@ def convert_one_line(
         expected=expected,
         check=check,
         show_progress=show_progress,
+        force=force,
     ).stats
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _refuse_replacing_other_data(inter_path: Path, new_sha256: str, name: str) -> None:
+    if not inter_path.is_file():
+        return
+    old_sha256 = file_sha256(inter_path)
+    if old_sha256 != new_sha256:
+        raise UsageError(
+            f"{inter_path} already holds a different {name!r} (sha256 {old_sha256[:16]}, "
+            f"new {new_sha256[:16]}): models trained on it would rank other items. Prepare "
+            "the new data under another name, or add --force to replace it"
+        )
 
 
 def write_inter(fh: BinaryIO, sequences: Sequence[tuple[str, Sequence[str]]]) -> str:

@@ -544,8 +544,12 @@ def analyse_checkpoint(path, data_path=None, max_sequences=DEFAULT_MAX_SEQUENCES
 
     model, config, _, loaders, checkpoint = restore_model(path, data_path, device)
     print(describe_checkpoint(path, config, checkpoint), file=sys.stderr)
+    from tqdm import tqdm
+
     valid_data = loaders[1]
     batches = (batch[0] if isinstance(batch, tuple) else batch for batch in valid_data)
+    # Shown on a terminal only (disable=None); the loop stops at max_sequences.
+    batches = tqdm(batches, desc="analysing", unit="batch", disable=None, file=sys.stderr)
     result = analyse_model(model, batches, max_sequences)
     return {
         "checkpoint": str(path),

@@ -379,6 +379,7 @@ def restore_model(path, data_path=None, device="cpu"):
     config["device"] = torch.device(device)
     config["show_progress"] = False
     check_prepared(config)
+    _check_same_data(config, path)
     init_seed(config["seed"], config["reproducibility"])
     dataset = create_dataset(config)
     loaders = data_preparation(config, dataset)
@@ -438,6 +439,24 @@ def _compare_with_run_summary(path, fingerprint: str) -> None:
             f"summary {summary_file} recorded {recorded[:16]}: the file was replaced after "
             "the run",
             file=sys.stderr,
+        )
+
+
+def _check_same_data(config, path) -> None:
+    """The dataset must be the one the checkpoint was trained on, not another one
+    prepared under the same name since."""
+    from recbole_freq.data import dataset_fingerprint
+
+    recorded = config["dataset_sha256"]
+    if not recorded:
+        return  # written before fingerprints were recorded
+    current = dataset_fingerprint(config)
+    if current != recorded:
+        raise CheckpointMismatchError(
+            f"checkpoint {str(path)!r} was trained on dataset {config['dataset']!r} with "
+            f"sha256 {recorded[:16]}, but {config['data_path']} now holds sha256 "
+            f"{current[:16]}: the dataset was prepared again with other content. Point "
+            "--data_path at the data it was trained on."
         )
 
 

@@ -28,6 +28,7 @@ import io
 import json
 import math
 import os
+import shlex
 import time
 from pathlib import Path
 
@@ -113,6 +114,11 @@ def run_file(out: Path, model: str, seed: int) -> Path:
     return out / "runs" / f"{model}-seed{seed}.json"
 
 
+def partial_file(out: Path, model: str, seed: int) -> Path:
+    """The resume state of an unfinished run (removed when the run is stored)."""
+    return out / "partial" / f"{model}-seed{seed}.resume.pth"
+
+
 def _write_text(path: Path, text: str) -> None:
     write_atomic(path, text)
 
@@ -162,9 +168,12 @@ def _store_run(out: Path, settings: dict, model: str, seed: int, summary: dict) 
 # ---------------------------------------------------------------------------- training
 
 
-def _train_one(model, dataset, config_files, overrides, seed, workdir=None, models=()) -> dict:
+def _train_one(
+    model, dataset, config_files, overrides, seed, workdir=None, models=(), resume_file=None
+) -> dict:
     """One run of the comparison (also the body of a Ray task); ``models``: all compared
-    models, which share the overrides (a key one of them reads is accepted)."""
+    models, which share the overrides (a key one of them reads is accepted);
+    ``resume_file``: the run's resume state, continued from if it exists."""
     from recbole_freq.quick_start import run
 
     if workdir and os.path.isdir(workdir):
@@ -177,6 +186,7 @@ def _train_one(model, dataset, config_files, overrides, seed, workdir=None, mode
         config_files,
         cmd_overrides={**overrides, "seed": seed},
         shared_with=models,
+        resume_file=resume_file,
     )
 
 
@@ -206,7 +216,15 @@ def _run_sequential(jobs, dataset, config_files, overrides, out, settings, log, 
     trained = []
     for index, (model, seed) in enumerate(jobs, 1):
         log(f"[{index}/{len(jobs)}] training {model} seed {seed} ...")
-        summary = _train_one(model, dataset, config_files, overrides, seed, models=tuple(models))
+        summary = _train_one(
+            model,
+            dataset,
+            config_files,
+            overrides,
+            seed,
+            models=tuple(models),
+            resume_file=partial_file(out, model, seed),
+        )
         _store_run(out, settings, model, seed, summary)
         trained.append((model, seed))
         log(f"[{index}/{len(jobs)}] {model} seed {seed} done: {_headline(summary)}")
@@ -238,10 +256,16 @@ def _run_on_ray(jobs, dataset, config_files, overrides, out, settings, log, ray_
     )
     workdir = os.getcwd()
     pending = {
-        remote.remote(model, dataset, config_files, overrides, seed, workdir, tuple(models)): (
+        remote.remote(
             model,
+            dataset,
+            config_files,
+            overrides,
             seed,
-        )
+            workdir,
+            tuple(models),
+            str(partial_file(out, model, seed).resolve()),
+        ): (model, seed)
         for model, seed in jobs
     }
     log(f"submitted {len(pending)} runs to Ray")
@@ -659,19 +683,29 @@ def compare(
     skipped = [(m, s) for m in models for s in seeds if (m, s) not in jobs]
     if skipped:
         log(f"{len(skipped)} run(s) already stored in {out / 'runs'}: skipped")
-    if jobs and use_ray:
-        ray_options = dict(
-            address=ray_address, cpus_per_run=cpus_per_run, gpus_per_run=gpus_per_run
-        )
-        trained = _run_on_ray(
-            jobs, dataset, config_files, overrides, out, settings, log, ray_options, models
-        )
-    elif jobs:
-        trained = _run_sequential(
-            jobs, dataset, config_files, overrides, out, settings, log, tuple(models)
-        )
-    else:
-        trained = []
+    try:
+        if jobs and use_ray:
+            ray_options = dict(
+                address=ray_address, cpus_per_run=cpus_per_run, gpus_per_run=gpus_per_run
+            )
+            trained = _run_on_ray(
+                jobs, dataset, config_files, overrides, out, settings, log, ray_options, models
+            )
+        elif jobs:
+            trained = _run_sequential(
+                jobs, dataset, config_files, overrides, out, settings, log, tuple(models)
+            )
+        else:
+            trained = []
+    except KeyboardInterrupt as interrupt:
+        from recbole_freq.quick_start import RunInterrupted
+
+        stored = sum(run_file(out, m, s).is_file() for m in models for s in seeds)
+        partial = sorted((out / "partial").glob("*.resume.pth"))
+        kept = f"{stored} of {len(models) * len(seeds)} runs are stored in {out / 'runs'}"
+        if partial:
+            kept += f"; the unfinished run keeps its completed epochs in {partial[0]}"
+        raise RunInterrupted(kept) from interrupt
 
     records = {(m, s): _load_run(run_file(out, m, s)) for m in models for s in seeds}
     # Baselines first, as in the papers' tables; given order within each group.
@@ -738,7 +772,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cli(argv: list[str]) -> int:
-    from recbole_freq.quick_start import EXPECTED_ERRORS, parse_overrides, report_error
+    from recbole_freq.quick_start import (
+        EXPECTED_ERRORS,
+        RunInterrupted,
+        parse_overrides,
+        report_error,
+        split_config_files,
+    )
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -748,7 +788,7 @@ def cli(argv: list[str]) -> int:
             args.compare,
             args.dataset,
             seeds=args.seeds,
-            config_files=args.config_files,
+            config_files=split_config_files(args.config_files),
             overrides=overrides,
             out=args.out,
             baselines=args.baselines,
@@ -760,6 +800,11 @@ def cli(argv: list[str]) -> int:
         )
     except EXPECTED_ERRORS as error:
         return report_error(error)
+    except RunInterrupted as interrupt:
+        raise RunInterrupted(
+            f"{interrupt}. Continue with the same command (stored runs are skipped): "
+            f"python run_recbole_freq.py {shlex.join(argv)}"
+        ) from interrupt
     print(result["markdown"])
     for name, path in result["files"].items():
         print(f"{name:<9} {path}")

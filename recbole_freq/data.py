@@ -45,6 +45,28 @@ def check_prepared(config) -> str:
     return inter_file
 
 
+ATOMIC_SUFFIXES = ("inter", "user", "item", "kg", "link", "net")
+
+
+def dataset_fingerprint(config) -> str:
+    """sha256 over the dataset's atomic files (names and contents): what a model trained
+    on them depends on.  Recorded in every run's config (``dataset_sha256``), and so in
+    its checkpoint and summary."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for suffix in ATOMIC_SUFFIXES:
+        path = os.path.join(config["data_path"], f"{config['dataset']}.{suffix}")
+        if not os.path.isfile(path):
+            continue
+        digest.update(f"{suffix}\0".encode())
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
 def _refuse_download(self):
     raise not_prepared_error(self.dataset_name, self.dataset_path)
 

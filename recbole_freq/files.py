@@ -23,12 +23,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+# One naming and clean-up rule for every temporary file of the project (dataset_prep's
+# too): .<name>.<pid>-<random>.tmp, and a killed process's leftovers are removed.
+from dataset_prep.atomic import remove_stale_temporaries, temporary_name
+
 __all__ = [
+    "remove_stale_temporaries",
     "OutputPathError",
     "OutputWriteError",
     "check_output_file",
@@ -50,12 +54,6 @@ class OutputWriteError(RuntimeError):
     def __init__(self, errno_: int | None, message: str):
         super().__init__(message)
         self.errno = errno_
-
-
-def temporary_name(target: Path) -> Path:
-    """``.<name>.<random>.tmp`` beside ``target``: unpredictable, so nobody can plant a
-    link there in advance, and recognisable as ours."""
-    return target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
 
 
 def _reason(error: BaseException) -> str:
@@ -162,6 +160,7 @@ def check_writable(folder: str | os.PathLike, what: str) -> Path:
         raise OutputPathError(f"{what} {folder} is a file, not a folder; name a folder instead")
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(folder)
         probe = temporary_name(folder / "write-probe")
         os.close(_open_exclusive(probe))
         os.unlink(probe)

@@ -23,10 +23,18 @@ from recbole.utils import get_trainer, init_logger, init_seed
 from recbole_freq.checkpoint import weights_fingerprint
 from recbole_freq.compat import current_log_file, saved_state
 from recbole_freq.config import FreqConfig, UnknownModelError, get_model_class
-from recbole_freq.data import DatasetNotPreparedError, check_prepared
+from recbole_freq.data import DatasetNotPreparedError, check_prepared, dataset_fingerprint
 from recbole_freq.evaluation import use_full_sort_for_sampled_scoring
 from recbole_freq.files import OutputWriteError, check_writable, write_atomic
 from recbole_freq.noise import corrupt_training_data
+from recbole_freq.resume import (
+    ResumeError,
+    apply_resume_state,
+    load_resume_state,
+    resume_file_for,
+    save_resume_state,
+    settings_differences,
+)
 
 DEFAULT_MODEL = "BSARec"
 DEFAULT_DATASET = "ml-100k"
@@ -40,11 +48,17 @@ class TrainingRecorder:
         self.trainer = trainer
         self.epochs: list[dict] = []
         self.train_seconds = 0.0
+        # Called with the epoch about to start once all earlier ones are complete
+        # (the resume state is written there).
+        self.before_epoch = None
         train_epoch, valid_epoch = trainer._train_epoch, trainer._valid_epoch
 
-        def timed_train_epoch(*args, **kwargs):
+        def timed_train_epoch(train_data, epoch_idx, *args, **kwargs):
+            self.current_epoch = epoch_idx
+            if self.before_epoch is not None and epoch_idx > trainer.start_epoch:
+                self.before_epoch(epoch_idx)
             start = time.perf_counter()
-            loss = train_epoch(*args, **kwargs)
+            loss = train_epoch(train_data, epoch_idx, *args, **kwargs)
             seconds = time.perf_counter() - start
             self.train_seconds += seconds
             total = sum(loss) if isinstance(loss, tuple) else loss
@@ -81,15 +95,36 @@ def run(
     paper: bool = False,
     saved: bool = True,
     shared_with=(),
+    resume_file=None,
 ) -> dict:
     """Train ``model`` on ``dataset`` and evaluate on the test split; return a summary.
-    ``shared_with``: other models given the same settings (``FreqConfig``)."""
-    start = time.perf_counter()
+
+    ``shared_with``: other models given the same settings (``FreqConfig``).
+    ``resume_file``: where the run keeps its resume state (``recbole_freq.resume``);
+    if the file exists, the run continues from it (its settings must be the same).  By
+    default it is ``<checkpoint>.resume.pth``, used by ``--resume``."""
     config = FreqConfig(
         model, dataset, config_files, config_dict, cmd_overrides, paper, shared_with
     )
+    return run_config(config, saved, resume_file)
+
+
+def resume_run(path) -> dict:
+    """Continue the run whose resume state is ``path`` (``--resume``)."""
+    from recbole_freq.checkpoint import _drop_pickled_cache_settings
+
+    state = load_resume_state(path)
+    config = state["config"]
+    _drop_pickled_cache_settings(config, path)
+    return run_config(config, saved=True, resume_file=path, state=state)
+
+
+def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict:
+    """``run`` on a built configuration."""
+    start = time.perf_counter()
     check_training_budget(config)
     check_prepared(config)
+    config["dataset_sha256"] = dataset_fingerprint(config)
     check_output_locations(config, saved)
     init_seed(config["seed"], config["reproducibility"])
     init_logger(config)
@@ -111,10 +146,33 @@ def run(
     trainer = get_trainer(config["MODEL_TYPE"], config["model"])(config, model_instance)
     trainer.saved_model_file = unique_checkpoint_path(config)
     recorder = TrainingRecorder(trainer)
+    loaders = (train_data, valid_data, test_data)
+    if saved:
+        resume_file = Path(resume_file or resume_file_for(trainer.saved_model_file))
+        if state is None and resume_file.is_file():
+            state = load_resume_state(resume_file)
+        recorder.before_epoch = lambda epoch: save_resume_state(
+            resume_file, trainer, recorder, loaders, epoch
+        )
+    if state is not None:
+        differences = settings_differences(state["config"], config)
+        if differences:
+            raise ResumeError(
+                f"{resume_file} was written by a run with other settings ("
+                + "; ".join(differences[:3])
+                + "); delete it to start this run afresh"
+            )
+        apply_resume_state(state, trainer, recorder, loaders)
+        logger.info(f"resumed from {resume_file} at epoch {trainer.start_epoch}")
 
-    best_valid_score, best_valid_result = trainer.fit(
-        train_data, valid_data, saved=saved, show_progress=config["show_progress"]
-    )
+    try:
+        best_valid_score, best_valid_result = trainer.fit(
+            train_data, valid_data, saved=saved, show_progress=config["show_progress"]
+        )
+    except KeyboardInterrupt as interrupt:
+        raise RunInterrupted(
+            _interrupted_training(recorder, resume_file if saved else None)
+        ) from interrupt
     test_result = trainer.evaluate(
         test_data, load_best_model=saved, show_progress=config["show_progress"]
     )
@@ -141,6 +199,7 @@ def run(
         "checkpoint": trainer.saved_model_file if saved else None,
         "weights_sha256": weights_fingerprint(best_state["state_dict"]) if best_state else None,
         "log_file": current_log_file(),
+        "dataset_sha256": config["dataset_sha256"],
         "history": recorder.epochs,
         "config": {key: _jsonable(config[key]) for key in config.final_config_dict},
     }
@@ -165,7 +224,24 @@ def run(
             )
             kept.summary = summary
             raise kept from error
+    if saved and resume_file.exists():
+        resume_file.unlink()
     return summary
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C, with what was kept and how to continue (the message)."""
+
+
+def _interrupted_training(recorder, resume_file) -> str:
+    epoch = getattr(recorder, "current_epoch", 0)
+    if resume_file is not None and Path(resume_file).is_file():
+        done = "epoch 0 is" if epoch == 1 else f"epochs 0-{epoch - 1} are"
+        return (
+            f"training stopped in epoch {epoch}; {done} kept in {resume_file}. "
+            f"Resume with: python run_recbole_freq.py --resume {resume_file}"
+        )
+    return f"training stopped in epoch {epoch}, before any epoch completed; nothing to resume"
 
 
 class SummaryNotWrittenError(OutputWriteError):
@@ -330,13 +406,38 @@ def report_error(error: BaseException) -> int:
     return exit_code(error)
 
 
+MODES_HELP = """\
+jobs (one per call):
+  (default)                 train and test one model: --model, --dataset, overrides
+  --compare M1,M2 ...       train several models x seeds, tabulate them side by side
+                            (run the same command again to continue an interrupted one)
+  --hyper_file FILE         Ray Tune search over FILE's space (--resume --name to continue)
+  --analyze CKPT ...        frequency analysis of trained checkpoints
+  --recommend CKPT          top-k recommendations of a trained checkpoint
+  --resume FILE.resume.pth  continue an interrupted training run from its last epoch
+Each job has its own --help (e.g. --compare --help).
+
+common overrides (any RecBole or model setting, as --key=value):
+  --epochs=N --learning_rate=X --train_batch_size=N --MAX_ITEM_LIST_LENGTH=N
+  --hidden_size=N --n_layers=N --n_heads=N --seed=N --data_path=DIR
+  --checkpoint_dir=DIR --device=cpu|cuda --extra_test_modes="['uni100']"
+An unknown or misspelled key is an error; list your own keys under accept_unknown_keys.
+
+exit codes: 0 done, 1 an output could not be written, 2 bad usage or input,
+130 interrupted (the message says what was kept and how to continue).
+RECBOLE_FREQ_DEBUG=1 shows tracebacks.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="run_recbole_freq.py",
         # Prefix matching would read BSARec's --c=5 as --config_files.
         allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train and evaluate a recbole-freq or RecBole model. Any other "
         "--key=value is a RecBole config override, as in RecBole's run_recbole.py.",
+        epilog=MODES_HELP,
     )
     parser.add_argument("--model", "-m", default=DEFAULT_MODEL, help="model name (default BSARec)")
     parser.add_argument(
@@ -346,14 +447,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="dataset name (default ml-100k, bundled with RecBole)",
     )
     parser.add_argument(
-        "--config_files", nargs="+", default=None, help="yaml files, later ones win"
+        "--config_files",
+        nargs="+",
+        default=None,
+        help="yaml files, later ones win (also one space-separated string, as in RecBole)",
     )
     parser.add_argument(
         "--paper",
         action="store_true",
         help="add the paper's best settings for this model and dataset (BSARec Table 6)",
     )
+    parser.add_argument(
+        "--resume",
+        metavar="FILE",
+        default=None,
+        help="continue the interrupted run whose resume state is FILE (<checkpoint>.resume.pth)",
+    )
     return parser
+
+
+def split_config_files(files):
+    """``--config_files a.yaml b.yaml`` and RecBole's ``--config_files="a.yaml b.yaml"``."""
+    if not files:
+        return files
+    return [name for entry in files for name in entry.split()]
 
 
 def parse_overrides(extra: list[str], parser: argparse.ArgumentParser) -> dict:
@@ -395,31 +512,65 @@ SUBCOMMANDS = {
 }
 
 
+class UsageError(ValueError):
+    """Bad use of the command line (exit code 2)."""
+
+
 def selected_subcommand(argv: list[str]) -> str | None:
     chosen = {
         flag for flag in SUBCOMMANDS for arg in argv if arg == flag or arg.startswith(flag + "=")
     }
     if len(chosen) > 1:
-        raise SystemExit(f"error: {' and '.join(sorted(chosen))} are separate jobs; give one")
+        raise UsageError(f"{' and '.join(sorted(chosen))} are separate jobs; give one")
     return chosen.pop() if chosen else None
 
 
+def report_interrupt(error: KeyboardInterrupt) -> int:
+    """Ctrl-C anywhere: one line saying what was kept and how to continue; exit 130."""
+    if os.environ.get("RECBOLE_FREQ_DEBUG"):
+        raise error
+    message = str(error) if isinstance(error, RunInterrupted) else "nothing was written"
+    print("interrupted: " + " ".join(message.split()), file=sys.stderr)
+    return 130
+
+
 def main(argv=None) -> int:
+    """The entry point: every job, one rule for failures (``exit_code``) and interrupts."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    subcommand = selected_subcommand(argv)
-    if subcommand:
-        return importlib.import_module(SUBCOMMANDS[subcommand]).cli(argv)
+    try:
+        subcommand = selected_subcommand(argv)
+        if subcommand:
+            module = importlib.import_module(SUBCOMMANDS[subcommand])
+            if "-h" in argv or "--help" in argv:
+                module.build_parser().print_help()
+                return 0
+            return module.cli(argv)
+        return _train_and_test(argv)
+    except KeyboardInterrupt as interrupt:
+        return report_interrupt(interrupt)
+    except UsageError as error:
+        return report_error(error)
+
+
+def _train_and_test(argv: list[str]) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     overrides = parse_overrides(extra, parser)
     try:
-        summary = run(
-            model=args.model,
-            dataset=args.dataset,
-            config_files=_default_job_files(args),
-            cmd_overrides=overrides,
-            paper=args.paper,
-        )
+        if args.resume:
+            if extra or args.config_files or args.paper:
+                raise UsageError(
+                    "--resume continues a run with its own settings; give no other settings"
+                )
+            summary = resume_run(args.resume)
+        else:
+            summary = run(
+                model=args.model,
+                dataset=args.dataset,
+                config_files=split_config_files(_default_job_files(args)),
+                cmd_overrides=overrides,
+                paper=args.paper,
+            )
     except SummaryNotWrittenError as error:
         print(format_summary(error.summary))
         return report_error(error)

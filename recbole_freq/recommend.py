@@ -30,6 +30,7 @@ import csv
 import io
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -48,15 +49,76 @@ class UnknownUserError(ValueError):
 
 
 def parse_user_tokens(users: str) -> list[str]:
-    """``users``: an existing file (one token per line) or comma-separated tokens."""
+    """``users``: an existing file (one token per line; ``#`` starts a comment, at the
+    start of a line or after a space) or comma-separated tokens."""
     if os.path.isfile(users):
-        lines = Path(users).read_text().splitlines()
-        tokens = [line.strip() for line in lines if line.strip()]
+        try:
+            lines = Path(users).read_text(encoding="utf-8-sig").splitlines()
+        except (OSError, UnicodeDecodeError) as error:
+            raise ValueError(f"--users file {users}: cannot be read ({error})") from error
+        tokens = [re.split(r"(?:^|\s)#", line, maxsplit=1)[0].strip() for line in lines]
+        tokens = [token for token in tokens if token]
     else:
         tokens = [token.strip() for token in users.split(",") if token.strip()]
     if not tokens:
         raise ValueError(f"--users {users!r} names no user")
     return list(dict.fromkeys(tokens))  # drop repeats, keep order
+
+
+class RawIds:
+    """The raw ids behind the re-mapped tokens of a dataset that dataset_prep prepared
+    from a raw log (``<dataset>.idmap.json``: token ``k`` is ``user[k - 1]``)."""
+
+    def __init__(self, path: Path, dataset):
+        try:
+            loaded = json.loads(path.read_text(encoding="utf-8"))
+            users, items = loaded["user"], loaded["item"]
+            if not all(isinstance(v, list) for v in (users, items)):
+                raise TypeError("user and item must be lists")
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{path} is not a dataset_prep id map ({error})") from error
+        self.path = path
+        self.raw_user = {str(k): str(v) for k, v in enumerate(users, 1)}
+        self.raw_item = {str(k): str(v) for k, v in enumerate(items, 1)}
+        self.user_token = {raw: token for token, raw in self.raw_user.items()}
+        missing = [
+            token
+            for field, known in (
+                (dataset.uid_field, self.raw_user),
+                (dataset.iid_field, self.raw_item),
+            )
+            for token in dataset.field2id_token[field][1:]
+            if str(token) not in known
+        ]
+        if missing:
+            raise ValueError(
+                f"{path} does not describe dataset {dataset.dataset_name!r}: token "
+                f"{missing[0]!r} has no raw id (prepare the dataset again)"
+            )
+
+    def tokens_of(self, raw_ids: list[str]) -> list[str]:
+        unknown = [raw for raw in raw_ids if raw not in self.user_token]
+        if unknown:
+            shown = ", ".join(repr(t) for t in unknown[:20])
+            raise UnknownUserError(
+                f"{len(unknown)} unknown user id(s): {shown}. Ids are the raw user ids of "
+                f"the prepared log (mapped through {self.path.name}); --ids tokens takes "
+                "the .inter file's tokens instead"
+            )
+        return [self.user_token[raw] for raw in raw_ids]
+
+
+def load_raw_ids(config, dataset, ids: str) -> RawIds | None:
+    """The id map to use for ``--ids`` (``auto``: the dataset's, if it has one)."""
+    path = Path(config["data_path"]) / f"{config['dataset']}.idmap.json"
+    if ids == "tokens" or (ids == "auto" and not path.is_file()):
+        return None
+    if not path.is_file():
+        raise ValueError(
+            f"--ids raw: dataset {config['dataset']!r} has no id map ({path}); its tokens "
+            "are the raw ids already"
+        )
+    return RawIds(path, dataset)
 
 
 def user_ids(dataset, tokens: list[str]) -> np.ndarray:
@@ -161,6 +223,7 @@ def recommend(
     context: str = "next",
     exclude_history: bool = True,
     batch_size: int = 512,
+    progress: bool = False,
 ):
     """Top-``k`` internal item ids and scores per user (``(len(uids), k)`` each, rows with
     fewer candidates padded with id 0 and score -inf), batched over users."""
@@ -181,7 +244,13 @@ def recommend(
         order = np.argsort(hist_pos, kind="stable")
         hist_pos, hist_item = hist_pos[order], hist_item[order]
     top_items, top_scores = [], []
-    for start in range(0, len(uids), batch_size):
+    starts = range(0, len(uids), batch_size)
+    if progress:
+        from tqdm import tqdm
+
+        # Shown on a terminal only (disable=None), e.g. for --all_users of a large dataset.
+        starts = tqdm(starts, desc="recommending", unit="batch", disable=None, file=sys.stderr)
+    for start in starts:
         stop = min(start + batch_size, len(uids))
         batch = Interaction(
             {
@@ -204,19 +273,22 @@ def recommend(
     return torch.cat(top_items), torch.cat(top_scores)
 
 
-def format_recommendations(dataset, tokens, items, scores, fmt: str) -> str:
+def format_recommendations(dataset, tokens, items, scores, fmt: str, raw_ids=None) -> str:
     """CSV (``user,rank,item,score``, one row per recommendation) or JSON (a list of
-    ``{"user", "items", "scores"}``), in external tokens."""
+    ``{"user", "items", "scores"}``), in external tokens, or in raw ids through
+    ``raw_ids`` (``RawIds``)."""
     if fmt not in FORMATS:
         raise ValueError(f"format={fmt!r} is unknown; choose from {list(FORMATS)}")
     item_tokens = dataset.field2id_token[dataset.iid_field]
+    user_name = (lambda t: raw_ids.raw_user[t]) if raw_ids else (lambda t: t)
+    item_name = (lambda t: raw_ids.raw_item[t]) if raw_ids else (lambda t: t)
     records = []
     for token, row_items, row_scores in zip(tokens, items.tolist(), scores.tolist()):
         kept = [(item, score) for item, score in zip(row_items, row_scores) if item != 0]
         records.append(
             {
-                "user": token,
-                "items": [str(item_tokens[item]) for item, _ in kept],
+                "user": user_name(token),
+                "items": [item_name(str(item_tokens[item])) for item, _ in kept],
                 "scores": [round(float(score), 6) for _, score in kept],
             }
         )
@@ -256,6 +328,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--data_path", default=None, help="folder holding <dataset>/ (default: the training run's)"
     )
+    parser.add_argument(
+        "--ids",
+        choices=("auto", "raw", "tokens"),
+        default="auto",
+        help="raw: users in and ids out are the raw ids of a log that dataset_prep "
+        "re-mapped (through <dataset>.idmap.json); tokens: the .inter file's tokens; auto "
+        "(default): raw when the dataset has an id map",
+    )
     parser.add_argument("--batch_size", type=int, default=512)
     parser.add_argument("--device", default="cpu")
     return parser
@@ -282,15 +362,25 @@ def cli(argv: list[str]) -> int:
         )
         print(describe_checkpoint(args.recommend, config, checkpoint), file=sys.stderr)
         splits = [loader._dataset for loader in loaders]
+        raw_ids = load_raw_ids(config, dataset, args.ids)
         if args.all_users:
             tokens = [str(t) for t in dataset.field2id_token[dataset.uid_field][1:]]
         else:
             tokens = parse_user_tokens(args.users)
+            if raw_ids is not None:
+                tokens = raw_ids.tokens_of(tokens)
         uids = user_ids(dataset, tokens)
         items, scores = recommend(
-            model, splits, uids, args.topk, args.context, not args.keep_history, args.batch_size
+            model,
+            splits,
+            uids,
+            args.topk,
+            args.context,
+            not args.keep_history,
+            args.batch_size,
+            progress=True,
         )
-        text = format_recommendations(dataset, tokens, items, scores, fmt)
+        text = format_recommendations(dataset, tokens, items, scores, fmt, raw_ids)
     except (*EXPECTED_ERRORS, CheckpointError, UntrustedCheckpointError) as error:
         return report_error(error)
     if args.output:

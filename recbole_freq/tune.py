@@ -34,6 +34,7 @@ import math
 import os
 import random
 import re
+import shlex
 import socket
 import sys
 import time
@@ -297,7 +298,7 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
     from recbole.utils import get_trainer, init_logger, init_seed
 
     from recbole_freq.config import FreqConfig, get_model_class
-    from recbole_freq.data import check_prepared
+    from recbole_freq.data import check_prepared, dataset_fingerprint
     from recbole_freq.evaluation import use_full_sort_for_sampled_scoring
     from recbole_freq.noise import corrupt_training_data
     from recbole_freq.quick_start import (
@@ -318,6 +319,8 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
     )
     init_seed(config["seed"], config["reproducibility"])
     init_logger(config)
+    if os.path.isdir(config["data_path"]):  # not on a node that got only the shared copy
+        config["dataset_sha256"] = dataset_fingerprint(config)
     if shared_dataset is None:
         check_prepared(config)
         dataset = create_dataset(config)
@@ -643,6 +646,7 @@ def tune_model(
 
     storage = check_writable(Path(storage_path).expanduser().resolve(), "--storage_path")
     name = name or f"{model_name}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    LAST_NAME["name"] = name
     experiment_dir = storage / name
     spec = _job_spec(model, dataset, config_files, config_dict, overrides, paper, space, search)
     if resume:
@@ -685,7 +689,7 @@ def tune_model(
             tune.with_parameters(run_trial, job=job, shared_dataset=shared),
             {"cpu": cpus_per_trial, "gpu": gpus_per_trial},
         )
-        results = _fit(
+        results, interrupted = _fit(
             trainable,
             searcher,
             ("valid_score", mode),
@@ -705,6 +709,14 @@ def tune_model(
         if started:
             ray.shutdown()
 
+    if interrupted:
+        from recbole_freq.quick_start import RunInterrupted
+
+        finished, started = finished_trials(results)
+        raise RunInterrupted(
+            f"the search stopped: {finished} of the {started} trials started had finished; "
+            f"the search's state is kept in {experiment_dir}"
+        )
     rows = rank_trials(results, list(space), mode)
     summary = {
         "model": model_name,
@@ -759,7 +771,41 @@ def _fit(trainable, searcher, metric_mode, scheduler, where, verbose):
         )
         experiment_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(experiment_dir / SPEC_FILE, json.dumps(_plain(spec), indent=2))
-    return tuner.fit()
+    import logging
+
+    import ray.tune.tune as ray_tune_run
+
+    # On Ctrl-C Ray stops the search, saves its state and returns normally, printing a
+    # hint that names its Tuner.restore API.  Its notices are muted (ours names
+    # --resume --name) and the event its signal handler sets is kept to tell an
+    # interrupted search from a finished one.
+    ray_tune_logger = logging.getLogger("ray.tune.tune")
+    level = ray_tune_logger.level
+    ray_tune_logger.setLevel(logging.ERROR)
+    setup = getattr(ray_tune_run, "_setup_signal_catching", None)
+    events = []
+
+    def keep_event():
+        event = setup()
+        events.append(event)
+        return event
+
+    if setup is not None:
+        ray_tune_run._setup_signal_catching = keep_event
+    try:
+        results = tuner.fit()
+    finally:
+        ray_tune_logger.setLevel(level)
+        if setup is not None:
+            ray_tune_run._setup_signal_catching = setup
+    return results, any(event.is_set() for event in events)
+
+
+def finished_trials(results) -> tuple[int, int]:
+    """``(finished, started)`` trials of a search."""
+    trials = getattr(getattr(results, "_experiment_analysis", None), "trials", None) or []
+    finished = sum(trial.status in ("TERMINATED", "ERROR") for trial in trials)
+    return finished, len(trials)
 
 
 def rank_trials(results, names: list[str], mode: str) -> list[dict]:
@@ -774,7 +820,7 @@ def rank_trials(results, names: list[str], mode: str) -> list[dict]:
             epochs = history[history["epoch"].notna() & ~is_final]
         final = metrics if metrics.get("final") else {}
         row = {"trial_id": metrics.get("trial_id") or Path(str(result.path)).name}
-        row.update({name: _plain(result.config.get(name)) for name in names})
+        row.update({name: _plain((result.config or {}).get(name)) for name in names})
         if final:
             row["status"] = "completed"
             row["best_valid"] = final["valid_score"]
@@ -933,9 +979,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _resume_argv(argv: list[str], args) -> list[str]:
+    """The same command with ``--resume --name <name>`` (the name the search used)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--resume",):
+            continue
+        if arg == "--name":
+            skip = True
+            continue
+        if arg.startswith("--name="):
+            continue
+        kept.append(arg)
+    return [*kept, "--resume", "--name", args.name or LAST_NAME.get("name", "<name>")]
+
+
+# The experiment name of the latest search in this process (a generated one included).
+LAST_NAME: dict[str, str] = {}
+
+
 def cli(argv: list[str]) -> int:
     """``run_recbole_freq.py --hyper_file ...``: run a search, print the ranked trials."""
-    from recbole_freq.quick_start import EXPECTED_ERRORS, parse_overrides, report_error
+    from recbole_freq.quick_start import (
+        EXPECTED_ERRORS,
+        RunInterrupted,
+        parse_overrides,
+        report_error,
+        split_config_files,
+    )
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -945,7 +1019,7 @@ def cli(argv: list[str]) -> int:
             args.model,
             args.dataset,
             args.hyper_file,
-            config_files=args.config_files,
+            config_files=split_config_files(args.config_files),
             cmd_overrides=overrides,
             paper=args.paper,
             search=args.search,
@@ -965,6 +1039,11 @@ def cli(argv: list[str]) -> int:
     except (*EXPECTED_ERRORS, TrialsFailedError) as error:
         code = report_error(error)
         return 1 if isinstance(error, TrialsFailedError) else code
+    except KeyboardInterrupt as interrupt:
+        raise RunInterrupted(
+            f"{interrupt if isinstance(interrupt, RunInterrupted) else 'the search stopped'}. "
+            "Continue with: python run_recbole_freq.py " + shlex.join(_resume_argv(argv, args))
+        ) from interrupt
     print(summary["table"])
     print()
     print(f"best configuration: {summary['best_yaml']}")

@@ -1,5 +1,6 @@
 """The entry point: summary, overrides, property files, and clear errors on bad input."""
 
+import json
 import os
 import subprocess
 import sys
@@ -135,3 +136,34 @@ def test_unknown_extra_test_mode_is_an_error(small_config):
 
     with pytest.raises(ValueError, match="not a RecBole evaluation mode"):
         run("SASRec", "tiny", config_dict=dict(small_config, epochs=1, extra_test_modes=["x5"]))
+
+
+def test_conflicting_jobs_are_a_usage_error(capsys):
+    assert main(["--compare", "SASRec", "--hyper_file", "x.hyper"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: --compare and --hyper_file are separate jobs; give one\n"
+
+
+def test_help_lists_every_job_and_each_job_has_its_own(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    for job in ("--compare", "--hyper_file", "--analyze", "--recommend", "--resume"):
+        assert job in text
+    assert "--epochs=N" in text and "accept_unknown_keys" in text and "130" in text
+    for job, usage in (("--analyze", "--analyze CHECKPOINT"), ("--recommend", "--recommend")):
+        assert main([job, "--help"]) == 0
+        assert usage in capsys.readouterr().out
+
+
+def test_config_files_as_one_space_separated_string(tiny_data, tmp_path, capsys):
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text("epochs: 1\nhidden_size: 16\ninner_size: 32\n")
+    second.write_text("n_layers: 1\nn_heads: 1\nshow_progress: False\nstate: WARNING\n")
+    base = ["--model=SASRec", "--dataset=tiny", f"--data_path={tiny_data}"]
+    assert main([*base, f"--config_files={first} {second}"]) == 0
+    out = capsys.readouterr().out
+    summary_file = next(line for line in out.splitlines() if line.startswith("summary:"))
+    config = json.loads(open(summary_file.split(None, 1)[1]).read())["config"]
+    assert (config["epochs"], config["n_layers"], config["n_heads"]) == (1, 1, 1)

@@ -94,7 +94,7 @@ def test_a_link_planted_at_the_temporary_name_is_never_followed(tmp_path, monkey
     victim = tmp_path / "victim.txt"
     victim.write_text("the user's file\n")
     target = tmp_path / "summary.json"
-    monkeypatch.setattr(files.secrets, "token_hex", lambda n: "predicted")
+    monkeypatch.setattr("dataset_prep.atomic.secrets.token_hex", lambda n: "0123456789abcdef")
     planted = files.temporary_name(target)
     planted.symlink_to(victim)
     with pytest.raises(OutputWriteError, match="File exists; nothing was changed"):
@@ -211,3 +211,56 @@ def test_torch_save_through_the_writer_round_trips(tmp_path):
     target = tmp_path / "w.pth"
     write_atomic(target, lambda handle: torch.save({"w": torch.arange(5)}, handle))
     assert torch.equal(torch.load(target)["w"], torch.arange(5))
+
+
+KILLED_MID_WRITE = """
+import os, signal, sys
+from pathlib import Path
+from dataset_prep.atomic import Stage
+stage = Stage(Path(sys.argv[1]))
+handle = stage.open("tiny.inter")
+handle.write(b"x" * 100000)
+handle.flush()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_leftovers_of_a_killed_preparation_are_removed_by_the_next(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import write_sequences
+    from dataset_prep import convert_one_line
+
+    target = tmp_path / "data" / "tiny"
+    target.mkdir(parents=True)
+    killed = subprocess.run([sys.executable, "-c", KILLED_MID_WRITE, str(target)])
+    assert killed.returncode == -9
+    (leftover,) = [p.name for p in target.iterdir()]
+    assert leftover.startswith(".tiny.inter.") and leftover.endswith(".tmp")
+    # A live process's temporary file is not touched.
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = target / f".tiny.item.{sleeper.pid}-{'ab' * 8}.tmp"
+        live.write_bytes(b"in progress")
+        convert_one_line(write_sequences(tmp_path / "tiny.txt"), tmp_path / "data", "tiny")
+        names = sorted(p.name for p in target.iterdir())
+        assert leftover not in names and live.name in names
+        assert "tiny.inter" in names
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_output_folders_are_cleaned_of_a_killed_runs_temporaries(tmp_path):
+    stale = tmp_path / ".model.pth.999999999-0123456789abcdef.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    old_style = tmp_path / ".model.pth.0123456789ab.tmp"
+    old_style.write_bytes(b"older leftover")
+    os.utime(old_style, (0, 0))
+    fresh_old_style = tmp_path / ".other.pth.0123456789ab.tmp"
+    fresh_old_style.write_bytes(b"maybe in progress")
+    user_file = tmp_path / ".notes.tmp"
+    user_file.write_text("mine")
+    check_writable(tmp_path, "checkpoint_dir")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([fresh_old_style.name, user_file.name])

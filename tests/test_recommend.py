@@ -179,11 +179,18 @@ def test_checkpoint_of_another_dataset_is_refused(trained, tmp_path, capsys):
     convert_one_line(
         write_sequences(other / "tiny.txt", n_items=55, seed=3), other, "tiny", show_progress=False
     )
-    with pytest.raises(CheckpointMismatchError, match="does not fit dataset 'tiny'"):
+    with pytest.raises(CheckpointMismatchError, match="was trained on dataset 'tiny' with"):
         restore_model(trained, data_path=other)
     code = main(["--recommend", trained, "--users", "1", "--data_path", str(other)])
     err = capsys.readouterr().err
-    assert code == 2 and "item_embedding.weight" in err and "--data_path" in err
+    assert code == 2 and "now holds sha256" in err and "--data_path" in err
+    # A checkpoint from before fingerprints were recorded: the weights' shapes still tell.
+    old = load_checkpoint(trained)
+    old["config"]["dataset_sha256"] = None
+    unfingerprinted = tmp_path / "old.pth"
+    torch.save(old, unfingerprinted, pickle_protocol=4)
+    with pytest.raises(CheckpointMismatchError, match="does not fit dataset 'tiny'"):
+        restore_model(unfingerprinted, data_path=other)
 
 
 # --- safe loading ----------------------------------------------------------------------
@@ -248,3 +255,59 @@ def test_not_a_checkpoint(tmp_path):
     torch.save({"w": torch.ones(2)}, weights)
     with pytest.raises(CheckpointError, match="is not a RecBole checkpoint"):
         load_checkpoint(weights)
+
+
+@pytest.fixture(scope="module")
+def shop_log(tmp_path_factory):
+    """A CSV log with raw string ids, prepared by dataset_prep (which re-maps the ids and
+    writes shop.idmap.json), and a SASRec trained on it."""
+    import random
+
+    from dataset_prep import convert
+
+    work = tmp_path_factory.mktemp("shop")
+    rng = random.Random(3)
+    rows = ["user_id,item_id,timestamp"]
+    for user in range(30):
+        start = rng.randint(0, 19)
+        for step in range(rng.randint(5, 9)):
+            rows.append(f"cust-{user:03d},sku-{(start + step) % 20:02d},{1000 + 10 * step}")
+    (work / "log.csv").write_text("\n".join(rows) + "\n")
+    convert(work / "log.csv", work / "data", "shop", fmt="csv", core=1, show_progress=False)
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        config = dict(
+            SMALL_MODEL, epochs=1, data_path=str(work / "data"), checkpoint_dir=str(work / "saved")
+        )
+        summary = run("SASRec", "shop", config_dict=config)
+    finally:
+        os.chdir(cwd)
+    return work, summary["checkpoint"]
+
+
+def test_recommend_takes_and_prints_raw_ids_through_the_id_map(shop_log, tmp_path, capsys):
+    work, checkpoint = shop_log
+    users = tmp_path / "users.txt"
+    users.write_text("# customers to email\ncust-004\ncust-017   # VIP\n\n")
+    assert main(["--recommend", checkpoint, "--users", str(users), "--topk", "3"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert {r["user"] for r in rows} == {"cust-004", "cust-017"} and len(rows) == 6
+    assert all(r["item"].startswith("sku-") for r in rows)
+    # The same ranking as through the .inter tokens.
+    idmap = json.loads((work / "data" / "shop" / "shop.idmap.json").read_text())
+    token = str(idmap["user"].index("cust-004") + 1)
+    assert (
+        main(["--recommend", checkpoint, "--users", token, "--ids", "tokens", "--topk", "3"]) == 0
+    )
+    by_token = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [idmap["item"][int(r["item"]) - 1] for r in by_token] == [
+        r["item"] for r in rows if r["user"] == "cust-004"
+    ]
+    assert main(["--recommend", checkpoint, "--users", "cust-999"]) == 2
+    assert "unknown user id(s): 'cust-999'" in capsys.readouterr().err
+
+
+def test_ids_raw_without_an_id_map_is_a_clear_error(trained, capsys):
+    assert main(["--recommend", trained, "--users", "1", "--ids", "raw"]) == 2
+    assert "has no id map" in capsys.readouterr().err

@@ -328,3 +328,50 @@ def test_tuning_a_dataset_key_loads_the_data_in_each_trial(ray_session, small_co
     (row,) = summary["trials"]
     assert row["status"] == "completed" and row["MAX_ITEM_LIST_LENGTH"] == 8
     assert yaml.safe_load(open(summary["best_yaml"]))["MAX_ITEM_LIST_LENGTH"] == 8
+
+
+def test_ctrl_c_in_a_search_keeps_finished_trials_and_names_the_resume_command(
+    ray_session, tiny_data, tmp_path, capsys
+):
+    import signal
+    import threading
+    import time
+
+    hyper = _hyper(tmp_path, "alpha choice [0.1,0.5,0.9]\n")
+    settings = dict(SMALL_MODEL, epochs=2, data_path=str(tiny_data), checkpoint_dir="saved")
+    argv = ["--model=BSARec", "--dataset=tiny", "--hyper_file", hyper, "--num_cpus=2"]
+    argv += ["--storage_path=results", "--name=stopped", "--verbose=0", "--max_concurrent=1"]
+    argv += ["--scheduler=none", "--search=grid"]
+    argv += [f"--{key}={value}" for key, value in settings.items()]
+    experiment = tmp_path / "results" / "stopped"
+
+    def ctrl_c_after_the_first_trial():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            finished = [
+                p
+                for p in experiment.glob("*/result.json")
+                if '"final": true' in p.read_text()
+            ]
+            if finished:
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=ctrl_c_after_the_first_trial, daemon=True)
+    watcher.start()
+    code = main(argv)
+    watcher.join()
+    err = capsys.readouterr().err
+    assert code == 130, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("interrupted: the search stopped")
+    assert "Tuner.restore" not in err
+    assert line.endswith("--resume --name stopped")
+    assert main([*argv, "--resume"]) == 0
+    with open(experiment / "trials.csv") as handle:
+        import csv
+
+        rows = list(csv.DictReader(handle))
+    assert sorted(float(r["alpha"]) for r in rows) == [0.1, 0.5, 0.9]
+    assert all(r["status"] == "completed" for r in rows)

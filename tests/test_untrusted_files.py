@@ -63,9 +63,7 @@ def test_the_payload_does_run_when_unpickled(tmp_path):
     assert ran.exists()
 
 
-def test_checkpoint_swapped_between_save_and_reload_runs_nothing(
-    small_config, marker, monkeypatch
-):
+def test_checkpoint_swapped_between_save_and_reload_runs_nothing(small_config, marker, monkeypatch):
     config = dict(small_config, epochs=1, extra_test_modes=["uni100"])
     reference = run("SASRec", "tiny", config_dict=config)
     original_fit = trainer_module.Trainer.fit
@@ -292,3 +290,45 @@ def test_two_identical_runs_started_together_write_separate_logs(small_config, t
     second = run("SASRec", "tiny", config_dict=dict(small_config, epochs=1))
     assert first["log_file"] != second["log_file"]
     assert len(list((tmp_path / "log_tensorboard").iterdir())) == 2
+
+
+# --- the data a checkpoint was trained on -----------------------------------------
+
+
+def test_a_checkpoint_refuses_data_prepared_again_with_other_content(
+    small_config, tmp_path, capsys
+):
+    from conftest import write_sequences
+    from dataset_prep import convert_one_line
+    from dataset_prep.errors import UsageError
+
+    data = tmp_path / "data"
+    convert_one_line(write_sequences(tmp_path / "a.txt", seed=1), data, "shop", show_progress=False)
+    config = dict(small_config, epochs=1, data_path=str(data))
+    summary = run("SASRec", "shop", config_dict=config)
+    assert len(summary["dataset_sha256"]) == 64
+    assert (
+        load_checkpoint(summary["checkpoint"])["config"]["dataset_sha256"]
+        == summary["dataset_sha256"]
+    )
+    other = write_sequences(tmp_path / "b.txt", seed=2)
+    # dataset_prep refuses to replace it without --force ...
+    with pytest.raises(UsageError, match="already holds a different 'shop'.*--force"):
+        convert_one_line(other, data, "shop", show_progress=False)
+    assert main(["--recommend", summary["checkpoint"], "--users", "1"]) == 0
+    capsys.readouterr()
+    # ... and with it, the old checkpoint no longer fits the data: refused, both named.
+    convert_one_line(other, data, "shop", show_progress=False, force=True)
+    assert main(["--recommend", summary["checkpoint"], "--users", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"sha256 {summary['dataset_sha256'][:16]}" in err and "now holds sha256" in err
+    assert err.count("\n") == 1
+
+
+def test_the_same_data_prepared_again_is_accepted(tmp_path):
+    from conftest import write_sequences
+    from dataset_prep import convert_one_line
+
+    raw = write_sequences(tmp_path / "a.txt", seed=1)
+    convert_one_line(raw, tmp_path / "data", "shop", show_progress=False)
+    convert_one_line(raw, tmp_path / "data", "shop", show_progress=False)  # no --force needed

@@ -1,0 +1,133 @@
+"""Interrupted runs: one line saying what was kept, exit code 130, and a resume that ends
+exactly where an uninterrupted run ends."""
+
+from pathlib import Path
+
+import pytest
+
+import recbole_freq.resume as resume_module
+from conftest import without_transformer_settings
+from recbole_freq.compare import compare
+from recbole_freq.quick_start import RunInterrupted, main, resume_run, run
+
+
+def interrupt_at_epoch(monkeypatch, epoch: int):
+    """Ctrl-C right after the resume state before ``epoch`` was written."""
+    original = resume_module.save_resume_state
+    calls = []
+
+    def save_then_interrupt(path, trainer, recorder, loaders, next_epoch):
+        original(path, trainer, recorder, loaders, next_epoch)
+        calls.append(next_epoch)
+        if next_epoch == epoch:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("recbole_freq.quick_start.save_resume_state", save_then_interrupt)
+    return calls
+
+
+def comparable(summary: dict) -> dict:
+    """What must not change when a run is interrupted and resumed."""
+    history = [
+        {k: v for k, v in e.items() if k not in ("train_seconds",)} for e in summary["history"]
+    ]
+    keys = ("test_result", "best_valid_result", "best_valid_score", "best_epoch", "epochs_run")
+    return {"history": history, "weights": summary["weights_sha256"]} | {
+        k: summary[k] for k in keys
+    }
+
+
+@pytest.mark.parametrize("model", ["SASRec", "BSARec"])
+def test_a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one(
+    small_config, monkeypatch, model
+):
+    config = dict(small_config, epochs=4)
+    uninterrupted = run(model, "tiny", config_dict=config)
+    calls = interrupt_at_epoch(monkeypatch, 2)
+    with pytest.raises(RunInterrupted, match="Resume with: python run_recbole_freq.py --resume"):
+        run(model, "tiny", config_dict=config)
+    assert calls == [1, 2]
+    monkeypatch.undo()
+    (state_file,) = Path(small_config["checkpoint_dir"]).glob("*.resume.pth")
+    resumed = resume_run(state_file)
+    assert comparable(resumed) == comparable(uninterrupted)
+    assert not state_file.exists()  # removed once the run is complete
+
+
+def cli(config: dict) -> list[str]:
+    return [f"--{key}={value}" for key, value in config.items()]
+
+
+def test_ctrl_c_in_a_training_run_is_one_line_and_130(small_config, monkeypatch, capsys):
+    interrupt_at_epoch(monkeypatch, 1)
+    code = main(["--model=SASRec", "--dataset=tiny", *cli(dict(small_config, epochs=3))])
+    err = capsys.readouterr().err
+    assert code == 130 and err.count("\n") == 1
+    assert err.startswith("interrupted: training stopped in epoch 1; epoch 0 is kept in ")
+    state_file = err.rsplit("--resume ", 1)[1].strip()
+    monkeypatch.undo()
+    assert main(["--resume", state_file]) == 0
+    assert "epochs run: 3" in capsys.readouterr().out
+
+
+def test_ctrl_c_in_the_first_epoch_says_nothing_can_be_resumed(small_config, monkeypatch, capsys):
+    import recbole.trainer.trainer as trainer_module
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer_module.Trainer, "_train_epoch", interrupted)
+    assert main(["--model=SASRec", "--dataset=tiny", *cli(small_config)]) == 130
+    assert "before any epoch completed; nothing to resume" in capsys.readouterr().err
+
+
+def test_resume_refuses_other_settings_and_other_files(small_config, tmp_path, capsys):
+    summary = run("SASRec", "tiny", config_dict=dict(small_config, epochs=1))
+    assert main(["--resume", "x.resume.pth", "--epochs=3"]) == 2
+    assert "give no other settings" in capsys.readouterr().err
+    assert main(["--resume", summary["checkpoint"]]) == 2
+    assert "is not a recbole-freq resume state" in capsys.readouterr().err
+    assert main(["--resume", str(tmp_path / "missing.resume.pth")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_resume_state_is_loaded_without_running_code(tmp_path, capsys):
+    from test_untrusted_files import plant_checkpoint
+
+    marker = tmp_path / "PAYLOAD_RAN"
+    planted = plant_checkpoint(tmp_path / "evil.resume.pth", marker)
+    assert main(["--resume", str(planted)]) == 2
+    assert "refusing to load" in capsys.readouterr().err and not marker.exists()
+
+
+def test_ctrl_c_in_a_comparison_keeps_runs_and_resumes_the_unfinished_one(
+    small_config, tmp_path, monkeypatch, capsys
+):
+    shared = without_transformer_settings({k: v for k, v in small_config.items() if k != "seed"})
+    shared["epochs"] = 3
+    reference = compare("SASRec,GRU4Rec", "tiny", seeds="5", overrides=shared, out=tmp_path / "ref")
+    out = tmp_path / "cmp"
+    args = ["--compare", "SASRec,GRU4Rec", "--dataset=tiny", "--seeds", "5", "--out", str(out)]
+    original = resume_module.save_resume_state
+
+    def interrupt_in_second_run(path, trainer, recorder, loaders, next_epoch):
+        original(path, trainer, recorder, loaders, next_epoch)
+        if trainer.config["model"] == "GRU4Rec" and next_epoch == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("recbole_freq.quick_start.save_resume_state", interrupt_in_second_run)
+    assert main([*args, *cli(shared)]) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "1 of 2 runs are stored in" in err
+    assert "GRU4Rec-seed5.resume.pth" in err and "Continue with the same command" in err
+    monkeypatch.undo()
+    assert main([*args, *cli(shared)]) == 0
+    again = {
+        r["model"]: r
+        for r in compare("SASRec,GRU4Rec", "tiny", seeds="5", overrides=shared, out=out)["rows"]
+    }
+    expected = {r["model"]: r for r in reference["rows"]}
+    for model in ("SASRec", "GRU4Rec"):
+        means = {f"{m}_mean": expected[model][f"{m}_mean"] for m in reference["metrics"]}
+        assert means and all(again[model][k] == v for k, v in means.items()), model
+    assert not list((out / "partial").glob("*"))
