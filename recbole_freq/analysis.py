@@ -569,7 +569,9 @@ def _labels(results: list[dict]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from recbole_freq.quick_start import CommandLineParser
+
+    parser = CommandLineParser(
         prog="run_recbole_freq.py --analyze",
         allow_abbrev=False,
         description="Frequency analysis of trained checkpoints (figures + analysis.json).",

@@ -361,11 +361,10 @@ def restore_model(path, data_path=None, device="cpu"):
     Returns ``(model, config, dataset, (train_data, valid_data, test_data), checkpoint)``;
     the model is in evaluation mode on ``device``.
     """
-    import torch
     from recbole.data import create_dataset, data_preparation
     from recbole.utils import init_seed
 
-    from recbole_freq.config import get_model_class
+    from recbole_freq.config import get_model_class, parse_device
     from recbole_freq.data import check_prepared
 
     checkpoint = load_checkpoint(path)
@@ -376,7 +375,7 @@ def restore_model(path, data_path=None, device="cpu"):
     _compare_with_run_summary(path, checkpoint["weights_sha256"])
     if data_path is not None:
         config["data_path"] = os.path.join(str(data_path), config["dataset"])
-    config["device"] = torch.device(device)
+    config["device"] = parse_device(device)
     config["show_progress"] = False
     check_prepared(config)
     _check_same_data(config, path)

@@ -737,9 +737,9 @@ def compare(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from recbole_freq.quick_start import DEFAULT_DATASET
+    from recbole_freq.quick_start import DEFAULT_DATASET, CommandLineParser
 
-    parser = argparse.ArgumentParser(
+    parser = CommandLineParser(
         prog="run_recbole_freq.py --compare",
         allow_abbrev=False,
         description="Compare models over several seeds on one dataset and protocol. Any "

@@ -15,6 +15,7 @@ malformed, not a mapping or unreadable is one clear error naming the file.
 
 from __future__ import annotations
 
+import os
 import re
 from importlib import resources
 from pathlib import Path
@@ -144,6 +145,42 @@ def read_config_file(path) -> dict:
     return loaded
 
 
+def check_name_component(name, what: str) -> None:
+    """``name`` becomes part of file names (checkpoints, logs, folders): it must be one
+    path component, so that no file is written outside the folder it belongs to."""
+    if name is None:
+        return
+    text = str(name)
+    if not text or text in (".", "..") or "/" in text or "\\" in text or "\0" in text:
+        raise ValueError(
+            f"{what} {text!r} must be a plain name (no '/', '\\', '.' or '..'): it names "
+            "files and folders"
+        )
+
+
+def parse_device(value, where: str = "--device"):
+    """``torch.device`` for ``value`` (cpu, cuda, cuda:N ...); ``ValueError`` in one line
+    for a name torch does not know or a device this machine does not have."""
+    import torch
+
+    try:
+        device = torch.device(str(value))
+    except (RuntimeError, ValueError) as error:
+        raise ValueError(f"{where}={value!r} is not a device: use cpu, cuda or cuda:N") from error
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"{where}={value!r}: torch sees no CUDA device on this machine; use cpu"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"{where}={value!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+    elif device.type != "cpu" and not getattr(torch, device.type, None):
+        raise ValueError(f"{where}={value!r}: torch has no {device.type} backend here")
+    return device
+
+
 class FreqConfig(Config):
     """``recbole.config.Config`` plus the plugin's models and property files."""
 
@@ -160,6 +197,7 @@ class FreqConfig(Config):
         """``shared_with``: names of other models given the same settings (a comparison):
         a setting that one of them reads is accepted for this one too."""
         self._cmd_overrides = dict(cmd_overrides or {})
+        check_name_component(dataset, "dataset name")
         self._shared_with = tuple(get_model_class(name) for name in shared_with)
         model_class = get_model_class(model)
         files = property_files(model_class.__name__, dataset, paper)
@@ -212,3 +250,13 @@ class FreqConfig(Config):
                     f"{key} in one place (--{key}={value} on the command line)"
                 )
         check_user_settings(model_class, given, self._shared_with)
+        if "data_path" in given and self.dataset == "ml-100k":
+            # RecBole points ml-100k at its bundled copy whatever data_path says; a
+            # user's own prepared ml-100k must win.
+            self.final_config_dict["data_path"] = os.path.join(
+                str(given["data_path"][1]), self.dataset
+            )
+        if "device" in given:
+            # RecBole derives the device from gpu_id alone and drops a given one.
+            where, value = given["device"]
+            self.final_config_dict["device"] = parse_device(value, f"device ({where})")

@@ -124,6 +124,7 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
     start = time.perf_counter()
     check_training_budget(config)
     check_prepared(config)
+    check_atomic_columns(config)
     config["dataset_sha256"] = dataset_fingerprint(config)
     check_output_locations(config, saved)
     init_seed(config["seed"], config["reproducibility"])
@@ -133,6 +134,7 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
 
     recbole_dataset = create_dataset(config)
     logger.info(recbole_dataset)
+    check_item_count(config, recbole_dataset)
     train_data, valid_data, test_data = data_preparation(config, recbole_dataset)
     check_split_rows(config, recbole_dataset, train_data, valid_data, test_data)
     noise = corrupt_training_data(config, train_data, valid_data, test_data)
@@ -251,7 +253,16 @@ class SummaryNotWrittenError(OutputWriteError):
 
 
 def check_training_budget(config) -> None:
-    """A run that would not train, or never validate, is an error before anything runs."""
+    """A run that would not train, never validate, or fail after its first epoch is an
+    error before anything runs."""
+    _check_valid_metric(config)
+    if config["log_wandb"]:
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            raise ValueError(
+                "log_wandb=True needs the wandb package (pip install wandb), or set log_wandb=False"
+            )
     epochs, eval_step = config["epochs"], config["eval_step"]
     if epochs < 1:
         raise ValueError(
@@ -263,6 +274,48 @@ def check_training_budget(config) -> None:
             f"eval_step={eval_step} with epochs={epochs} never validates, so no best epoch "
             "exists; use eval_step <= epochs (or eval_step=0 to train without validation "
             "and test the last epoch)"
+        )
+
+
+def _check_valid_metric(config) -> None:
+    metric = str(config["valid_metric"])
+    name, _, k = metric.partition("@")
+    metrics = [str(m).lower() for m in config["metrics"]]
+    topk = config["topk"] if isinstance(config["topk"], list) else [config["topk"]]
+    if name.lower() not in metrics or (k and (not k.isdigit() or int(k) not in topk)):
+        raise ValueError(
+            f"valid_metric={metric} is not computed: metrics are {config['metrics']} at "
+            f"topk {topk}; pick one of them (e.g. valid_metric={config['metrics'][0]}@{topk[-1]})"
+        )
+
+
+def check_atomic_columns(config) -> None:
+    """The columns ``load_col`` asks for must be in the ``.inter`` header; otherwise
+    RecBole fails inside its first batch (a sequential model needs the time order)."""
+    wanted = (
+        (config["load_col"] or {}).get("inter") if isinstance(config["load_col"], dict) else None
+    )
+    if not wanted:
+        return
+    inter = os.path.join(config["data_path"], f"{config['dataset']}.inter")
+    with open(inter, encoding="utf-8", errors="replace") as handle:
+        header = handle.readline().rstrip("\r\n").split(config["field_separator"] or "\t")
+    present = [column.split(":")[0] for column in header]
+    missing = [column for column in wanted if column not in present]
+    if missing:
+        raise ValueError(
+            f"{inter} has columns {present}, but the run reads {list(wanted)} (load_col); "
+            f"missing: {missing}. Prepare the dataset with dataset_prep, or set load_col"
+        )
+
+
+def check_item_count(config, dataset) -> None:
+    largest = max(config["topk"] if isinstance(config["topk"], list) else [config["topk"]])
+    items = dataset.item_num - 1  # id 0 is padding
+    if items < largest:
+        raise ValueError(
+            f"dataset {config['dataset']!r} has {items} items, fewer than topk {largest}: "
+            "every metric at that cut-off would count all items; lower topk"
         )
 
 
@@ -370,6 +423,8 @@ def format_summary(summary: dict) -> str:
         "=" * 60,
         f"recbole-freq  {summary['model']} on {summary['dataset']}  (seed {summary['seed']}, "
         f"{summary['device']})",
+        f"data: {summary['config'].get('data_path')} (sha256 "
+        f"{str(summary.get('dataset_sha256'))[:16]})",
         f"epochs run: {summary['epochs_run']} ({stop}); best epoch: {summary['best_epoch']} "
         f"by valid {summary['valid_metric']}",
         f"time: {int(minutes)} min {seconds:.0f} s total, "
@@ -406,6 +461,18 @@ def report_error(error: BaseException) -> int:
     return exit_code(error)
 
 
+class UsageError(ValueError):
+    """Bad use of the command line (exit code 2)."""
+
+
+class CommandLineParser(argparse.ArgumentParser):
+    """``argparse`` whose errors follow the entry point's rule: one line, exit code 2
+    (argparse's own prints the usage block and exits itself)."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
 MODES_HELP = """\
 jobs (one per call):
   (default)                 train and test one model: --model, --dataset, overrides
@@ -430,7 +497,7 @@ RECBOLE_FREQ_DEBUG=1 shows tracebacks.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandLineParser(
         prog="run_recbole_freq.py",
         # Prefix matching would read BSARec's --c=5 as --config_files.
         allow_abbrev=False,
@@ -510,10 +577,6 @@ SUBCOMMANDS = {
     "--analyze": "recbole_freq.analysis",
     "--recommend": "recbole_freq.recommend",
 }
-
-
-class UsageError(ValueError):
-    """Bad use of the command line (exit code 2)."""
 
 
 def selected_subcommand(argv: list[str]) -> str | None:

@@ -96,16 +96,35 @@ class RawIds:
                 f"{missing[0]!r} has no raw id (prepare the dataset again)"
             )
 
-    def tokens_of(self, raw_ids: list[str]) -> list[str]:
-        unknown = [raw for raw in raw_ids if raw not in self.user_token]
-        if unknown:
-            shown = ", ".join(repr(t) for t in unknown[:20])
-            raise UnknownUserError(
-                f"{len(unknown)} unknown user id(s): {shown}. Ids are the raw user ids of "
-                f"the prepared log (mapped through {self.path.name}); --ids tokens takes "
-                "the .inter file's tokens instead"
-            )
-        return [self.user_token[raw] for raw in raw_ids]
+
+def known_users(dataset, given: list[str], raw_ids: RawIds | None) -> list[str]:
+    """The tokens of the ``given`` users the dataset knows.  A batch never fails because
+    of some unknown users: they are skipped and listed in one warning line; only a batch
+    with no known user is an error."""
+    if raw_ids is not None:
+        unknown = [user for user in given if user not in raw_ids.user_token]
+        tokens = [raw_ids.user_token[user] for user in given if user in raw_ids.user_token]
+        kind = f"user id(s) (raw ids of the prepared log, mapped through {raw_ids.path.name})"
+    else:
+        mapping = dataset.field2token_id[dataset.uid_field]
+        unknown = [user for user in given if mapping.get(user, 0) == 0]
+        tokens = [user for user in given if mapping.get(user, 0) != 0]
+        kind = "user token(s) (the user ids of the .inter file)"
+    if not unknown:
+        return tokens
+    shown = ", ".join(repr(user) for user in unknown[:10])
+    more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+    if not tokens:
+        raise UnknownUserError(
+            f"all {len(unknown)} {kind} are unknown to dataset {dataset.dataset_name!r}: "
+            f"{shown}{more}"
+        )
+    print(
+        f"warning: skipped {len(unknown)} unknown {kind}: {shown}{more}; recommending for "
+        f"the other {len(tokens)}",
+        file=sys.stderr,
+    )
+    return tokens
 
 
 def load_raw_ids(config, dataset, ids: str) -> RawIds | None:
@@ -304,7 +323,9 @@ def format_recommendations(dataset, tokens, items, scores, fmt: str, raw_ids=Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from recbole_freq.quick_start import CommandLineParser
+
+    parser = CommandLineParser(
         prog="run_recbole_freq.py --recommend",
         allow_abbrev=False,
         description="Top-k recommendations of a trained checkpoint, in external tokens.",
@@ -366,9 +387,7 @@ def cli(argv: list[str]) -> int:
         if args.all_users:
             tokens = [str(t) for t in dataset.field2id_token[dataset.uid_field][1:]]
         else:
-            tokens = parse_user_tokens(args.users)
-            if raw_ids is not None:
-                tokens = raw_ids.tokens_of(tokens)
+            tokens = known_users(dataset, parse_user_tokens(args.users), raw_ids)
         uids = user_ids(dataset, tokens)
         items, scores = recommend(
             model,

@@ -172,6 +172,45 @@ def setting_types() -> dict[str, str]:
     return types
 
 
+# Ranges of the common numeric settings: (low, low included, high, high included); None
+# is unbounded.  Types come from the property files; ranges cannot, so they are kept here,
+# each with the reason a value outside it fails or means nothing.
+BOUNDS = {
+    # sizes and counts: 0 builds an empty layer or batch (a crash deep in torch)
+    "hidden_size": (1, True, None, False),
+    "inner_size": (1, True, None, False),
+    "embedding_size": (1, True, None, False),
+    "n_layers": (1, True, None, False),
+    "num_layers": (1, True, None, False),
+    "n_heads": (1, True, None, False),
+    "MAX_ITEM_LIST_LENGTH": (1, True, None, False),
+    "train_batch_size": (1, True, None, False),
+    "eval_batch_size": (1, True, None, False),
+    "stopping_step": (1, True, None, False),
+    # probabilities: a dropout of 1 zeroes every activation
+    "hidden_dropout_prob": (0, True, 1, False),
+    "attn_dropout_prob": (0, True, 1, False),
+    "dropout_prob": (0, True, 1, False),
+    # optimisation
+    "learning_rate": (0, False, None, False),
+    "weight_decay": (0, True, None, False),
+    "layer_norm_eps": (0, False, None, False),
+    "initializer_range": (0, False, None, False),
+}
+
+
+def range_problem(key: str, value) -> str | None:
+    """Why ``value`` lies outside ``key``'s range (``BOUNDS``), or None."""
+    if key not in BOUNDS or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    low, low_in, high, high_in = BOUNDS[key]
+    if low is not None and (value < low or (value == low and not low_in)):
+        return f"must be {'>=' if low_in else '>'} {low}"
+    if high is not None and (value > high or (value == high and not high_in)):
+        return f"must be {'<=' if high_in else '<'} {high}"
+    return None
+
+
 def type_problem(key: str, value) -> str | None:
     """Why ``value`` does not fit ``key``'s type, or None."""
     expected = setting_types().get(key)
@@ -212,7 +251,7 @@ def check_user_settings(
     for key, (where, value) in given.items():
         if key not in known:
             raise UnknownSettingError(_unknown_message(key, where, model, known))
-        problem = type_problem(key, value)
+        problem = type_problem(key, value) or range_problem(key, value)
         if problem:
             flag = "--" if where == "command line" else ""
             raise UnknownSettingError(f"{flag}{key} ({where}) {problem}, got {value!r}")

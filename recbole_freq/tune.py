@@ -43,6 +43,7 @@ from pathlib import Path
 
 import yaml
 
+from recbole_freq.config import check_name_component
 from recbole_freq.files import check_writable, write_atomic
 
 HYPER_TYPES = ("choice", "uniform", "quniform", "loguniform")
@@ -646,6 +647,7 @@ def tune_model(
 
     storage = check_writable(Path(storage_path).expanduser().resolve(), "--storage_path")
     name = name or f"{model_name}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_name_component(name, "--name")
     LAST_NAME["name"] = name
     experiment_dir = storage / name
     spec = _job_spec(model, dataset, config_files, config_dict, overrides, paper, space, search)
@@ -945,7 +947,9 @@ def _write_outputs(summary, experiment_dir: Path, names, job, config_dict, cmd_o
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from recbole_freq.quick_start import CommandLineParser
+
+    parser = CommandLineParser(
         prog="run_recbole_freq.py --hyper_file",
         allow_abbrev=False,
         description="Hyperparameter search with Ray Tune over a RecBole hyper file. Any "

@@ -160,11 +160,15 @@ def test_users_from_file_and_json_output(trained, tmp_path, capsys):
     assert all(r["scores"] == sorted(r["scores"], reverse=True) for r in records)
 
 
-def test_unknown_users_are_listed(trained, capsys):
+def test_unknown_users_are_skipped_and_listed(trained, capsys):
     code = main(["--recommend", trained, "--users", "1,nobody,99999", "--topk=3"])
-    err = capsys.readouterr().err
-    assert code == 2
-    assert "2 unknown user token(s)" in err and "'nobody'" in err and "'99999'" in err
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "warning: skipped 2 unknown user token(s)" in captured.err
+    assert "'nobody'" in captured.err and "'99999'" in captured.err
+    assert {row["user"] for row in csv.DictReader(io.StringIO(captured.out))} == {"1"}
+    assert main(["--recommend", trained, "--users", "nobody,99999"]) == 2
+    assert "all 2 user token(s)" in capsys.readouterr().err
 
 
 def test_missing_checkpoint_is_a_clear_error(capsys):
@@ -305,7 +309,7 @@ def test_recommend_takes_and_prints_raw_ids_through_the_id_map(shop_log, tmp_pat
         r["item"] for r in rows if r["user"] == "cust-004"
     ]
     assert main(["--recommend", checkpoint, "--users", "cust-999"]) == 2
-    assert "unknown user id(s): 'cust-999'" in capsys.readouterr().err
+    assert "all 1 user id(s) (raw ids of the prepared log" in capsys.readouterr().err
 
 
 def test_ids_raw_without_an_id_map_is_a_clear_error(trained, capsys):

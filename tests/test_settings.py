@@ -283,3 +283,97 @@ def test_users_too_short_for_validation_are_counted(small_config, tmp_path, capl
     summary = run("SASRec", "mixed", config_dict=config)
     assert summary["best_epoch"] == 0
     assert "10 of 30 users have no validation row" in caplog.text
+
+
+# --- bad settings that used to end in a traceback --------------------------------
+
+BAD_SETTINGS = [
+    ("BSARec", "--hidden_size=0", "--hidden_size (command line) must be >= 1, got 0"),
+    ("BSARec", "--MAX_ITEM_LIST_LENGTH=0", "--MAX_ITEM_LIST_LENGTH (command line) must be >= 1"),
+    ("BSARec", "--MAX_ITEM_LIST_LENGTH=-3", "must be >= 1, got -3"),
+    ("BSARec", "--hidden_dropout_prob=1.0", "--hidden_dropout_prob (command line) must be < 1"),
+    ("BSARec", "--learning_rate=0", "--learning_rate (command line) must be > 0"),
+    ("PolyRec", "--inner_size=0", "--inner_size (command line) must be >= 1, got 0"),
+    ("PolyRec", "--cl_temperature=float('inf')", "cl_temperature (command line) must be a finite"),
+    ("FBSARec", "--fusion_branches=[]", "fusion_branches=[] is invalid for this model"),
+    (
+        "FBSARec",
+        "--fusion_weights=[0,0]",
+        "fusion_weights=[0, 0] must be finite numbers, not all 0",
+    ),
+    ("BSARec", "--valid_metric=MRR@10", "valid_metric=MRR@10 is not computed"),
+    ("BSARec", "--valid_metric=NDCG@50", "valid_metric=NDCG@50 is not computed"),
+    ("BSARec", "--device=bogus", "device (command line)='bogus' is not a device"),
+    ("BSARec", "--topk=[5,50]", "has 40 items, fewer than topk 50"),
+]
+
+
+@pytest.mark.parametrize("model,arg,message", BAD_SETTINGS, ids=[b[1] for b in BAD_SETTINGS])
+def test_bad_settings_are_one_line_before_training(small_config, capsys, model, arg, message):
+    key = arg[2:].split("=")[0]
+    base = {k: v for k, v in small_config.items() if k != key}
+    if key == "topk":
+        base["valid_metric"] = "NDCG@5"
+    assert run_main(base, arg, model=model) == 2
+    assert message in one_error_line(capsys)
+    assert not list(Path(small_config["checkpoint_dir"]).glob("*.pth"))
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+def test_a_cuda_device_without_cuda_is_one_line(small_config, capsys):
+    assert run_main(small_config, "--device=cuda") == 2
+    assert "torch sees no CUDA device on this machine" in one_error_line(capsys)
+
+
+def test_wandb_logging_without_wandb_is_one_line(small_config, capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here")
+    base = {k: v for k, v in small_config.items() if k != "log_wandb"}
+    assert run_main(base, "--log_wandb=True") == 2
+    assert "log_wandb=True needs the wandb package" in one_error_line(capsys)
+
+
+def test_an_inter_file_without_the_time_column_is_one_line(small_config, tmp_path, capsys):
+    folder = tmp_path / "data" / "notime"
+    folder.mkdir(parents=True)
+    rows = ["user_id:token\titem_id:token"] + [
+        f"{u}\t{i}" for u in range(1, 9) for i in range(1, 6)
+    ]
+    (folder / "notime.inter").write_text("\n".join(rows) + "\n")
+    config = dict(small_config, data_path=str(tmp_path / "data"))
+    assert main(["--model=SASRec", "--dataset=notime", *cli(config)]) == 2
+    err = one_error_line(capsys)
+    assert "missing: ['timestamp']" in err and "dataset_prep" in err
+
+
+def test_names_never_write_outside_their_folder(small_config, tmp_path, capsys):
+    assert main(["--model=SASRec", "--dataset=../../escape", *cli(small_config)]) == 2
+    assert "dataset name '../../escape' must be a plain name" in one_error_line(capsys)
+    hyper = tmp_path / "h.hyper"
+    hyper.write_text("learning_rate choice [0.01]\n")
+    args = ["--hyper_file", str(hyper), "--model=SASRec", "--dataset=tiny", "--name=../out"]
+    assert main([*args, f"--storage_path={tmp_path / 'ray'}", *cli(small_config)]) == 2
+    assert "--name '../out' must be a plain name" in one_error_line(capsys)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_users_own_ml_100k_wins_over_recboles_bundled_copy(small_config, tmp_path, capsys):
+    from conftest import write_sequences
+    from dataset_prep import convert_one_line
+
+    data = tmp_path / "mine"
+    convert_one_line(
+        write_sequences(tmp_path / "m.txt", n_users=20), data, "ml-100k", show_progress=False
+    )
+    config = dict(small_config, data_path=str(data), epochs=1)
+    assert main(["--model=SASRec", "--dataset=ml-100k", *cli(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"data: {data / 'ml-100k'}" in out
+    summary_file = next(line for line in out.splitlines() if line.startswith("summary:"))
+    import json
+
+    summary = json.loads(Path(summary_file.split(None, 1)[1]).read_text())
+    assert summary["config"]["data_path"] == str(data / "ml-100k")
+    assert summary["parameters"] < 20_000  # 20 users' items, not RecBole's 1,682

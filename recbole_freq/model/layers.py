@@ -14,6 +14,7 @@ Tensors are ``(batch, seq_len, hidden)`` unless stated; attention masks are bool
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -322,7 +323,8 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, mixer, feed_forward, branches=None, weights=None, learn_weights=False):
         super().__init__()
-        branches = tuple(branches or mixer.default_branches)
+        # An empty list is a user's choice to refuse, not to replace by the default.
+        branches = tuple(mixer.default_branches if branches is None else branches)
         unknown = [name for name in branches if name not in mixer.branches]
         if not branches or unknown or len(set(branches)) != len(branches):
             raise ValueError(
@@ -335,6 +337,14 @@ class TransformerBlock(nn.Module):
             raise ValueError(
                 f"fusion_weights={list(weights)} needs one weight per branch of "
                 f"fusion_branches={list(branches)}"
+            )
+        if not all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w)
+            for w in weights
+        ) or not any(weights):
+            raise ValueError(
+                f"fusion_weights={list(weights)} must be finite numbers, not all 0 (all 0 "
+                "would give every item the same score)"
             )
         self.mixer = mixer
         self.feed_forward = feed_forward
