@@ -133,17 +133,51 @@ def staged_output(directory: Path | str) -> Iterator[Stage]:
     """
     directory = Path(directory)
     created = _make_dirs(directory)
-    remove_stale_temporaries(directory)
-    stage = Stage(directory)
     try:
-        yield stage
-        stage.commit()
+        lock = _lock_folder(directory)
     except BaseException:
-        stage.discard()
         for path in reversed(created):
             with contextlib.suppress(OSError):
-                path.rmdir()  # fails, as wanted, if anything is in it
+                path.rmdir()
         raise
+    try:
+        remove_stale_temporaries(directory)
+        stage = Stage(directory)
+        try:
+            yield stage
+            stage.commit()
+        except BaseException:
+            stage.discard()
+            for path in reversed(created):
+                with contextlib.suppress(OSError):
+                    path.rmdir()  # fails, as wanted, if anything is in it
+            raise
+    finally:
+        if lock is not None:
+            os.close(lock)  # releases the lock
+
+
+def _lock_folder(directory: Path) -> int | None:
+    """An exclusive lock on ``directory`` itself (no lock file is left behind): two
+    preparations of one dataset at once would otherwise publish the files of two inputs
+    side by side.  None where folders cannot be locked (then nothing is excluded)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        return None
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UsageError(
+            f"another dataset_prep is writing {directory} right now; wait for it to finish "
+            "and run again"
+        ) from None
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _make_dirs(directory: Path) -> list[Path]:

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -596,10 +597,29 @@ def cli(argv: list[str]) -> int:
         if args.max_sequences < 1:
             raise ValueError(f"--max_sequences={args.max_sequences} must be >= 1")
         check_writable(out, "--out")
-        results = [
-            analyse_checkpoint(path, args.data_path, args.max_sequences, args.device)
-            for path in args.analyze
-        ]
+        results, skipped = [], []
+        for path in args.analyze:
+            try:
+                results.append(
+                    analyse_checkpoint(path, args.data_path, args.max_sequences, args.device)
+                )
+            except (*EXPECTED_ERRORS, CheckpointError, UntrustedCheckpointError) as error:
+                if len(args.analyze) == 1:
+                    raise
+                skipped.append((path, error))
+        if not results:
+            raise ValueError(
+                f"none of the {len(skipped)} checkpoints can be analysed; first: "
+                f"{skipped[0][0]}: {skipped[0][1]}"
+            )
+        if skipped:
+            # A batch never fails as a whole because of one checkpoint.
+            reasons = "; ".join(f"{path}: {error}" for path, error in skipped)
+            print(
+                f"warning: skipped {len(skipped)} of {len(args.analyze)} checkpoints: "
+                + " ".join(reasons.split()),
+                file=sys.stderr,
+            )
     except (*EXPECTED_ERRORS, CheckpointError, UntrustedCheckpointError) as error:
         return report_error(error)
     _labels(results)

@@ -364,8 +364,9 @@ def restore_model(path, data_path=None, device="cpu"):
     from recbole.data import create_dataset, data_preparation
     from recbole.utils import init_seed
 
-    from recbole_freq.config import get_model_class, parse_device
+    from recbole_freq.config import parse_device
     from recbole_freq.data import check_prepared
+    from recbole_freq.quick_start import build_model
 
     checkpoint = load_checkpoint(path)
     config = checkpoint["config"]
@@ -383,7 +384,7 @@ def restore_model(path, data_path=None, device="cpu"):
     dataset = create_dataset(config)
     loaders = data_preparation(config, dataset)
     init_seed(config["seed"], config["reproducibility"])
-    model = get_model_class(config["model"])(config, loaders[0]._dataset)
+    model = build_model(config, loaders[0]._dataset)
     _check_state_fits(model, checkpoint["state_dict"], path, config, dataset)
     model.load_state_dict(checkpoint["state_dict"])
     model.load_other_parameter(checkpoint.get("other_parameter"))

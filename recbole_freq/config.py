@@ -228,6 +228,36 @@ class FreqConfig(Config):
     def _load_cmd_line(self):
         return self._convert_config_dict(dict(self._cmd_overrides))
 
+    # RecBole's own default for models trained on (positive, negative) pairs.
+    PAIRWISE_NEGATIVES = {
+        "distribution": "uniform",
+        "sample_num": 1,
+        "alpha": 1.0,
+        "dynamic": False,
+        "candidate_num": 0,
+    }
+
+    def _sample_negatives_for_pairwise_losses(self, given: dict) -> None:
+        """The shared protocol samples no training negatives (``train_neg_sample_args:
+        ~``, right for CE); a pairwise model (BPR, FPMC, TransRec, ``loss_type: BPR``)
+        then failed with ``KeyError: 'neg_item_id'``.  It gets RecBole's own default (one
+        uniform negative) unless the user asked for none, which is refused."""
+        from recbole.utils import InputType
+
+        sampled = self.final_config_dict["train_neg_sample_args"]["distribution"] != "none"
+        pairwise = self.final_config_dict.get("MODEL_INPUT_TYPE") == InputType.PAIRWISE
+        # A CE loss scores all items and reads no negatives, whatever the input type.
+        if not pairwise or sampled or self.final_config_dict.get("loss_type") == "CE":
+            return
+        if "train_neg_sample_args" in given:
+            raise ValueError(
+                f"{self.model} trains on (positive, negative) pairs, but "
+                f"train_neg_sample_args ({given['train_neg_sample_args'][0]}) samples no "
+                "negatives; give e.g. train_neg_sample_args: {distribution: uniform, "
+                "sample_num: 1}"
+            )
+        self.final_config_dict["train_neg_sample_args"] = dict(self.PAIRWISE_NEGATIVES)
+
     def _check_user_settings(self, model_class, given_dict: dict) -> None:
         """Every key the user gave is read by something and has the right type; a
         ``model:`` or ``dataset:`` that disagrees with the chosen one is refused."""
@@ -250,6 +280,7 @@ class FreqConfig(Config):
                     f"{key} in one place (--{key}={value} on the command line)"
                 )
         check_user_settings(model_class, given, self._shared_with)
+        self._sample_negatives_for_pairwise_losses(given)
         if "data_path" in given and self.dataset == "ml-100k":
             # RecBole points ml-100k at its bundled copy whatever data_path says; a
             # user's own prepared ml-100k must win.

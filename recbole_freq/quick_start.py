@@ -140,9 +140,7 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
     noise = corrupt_training_data(config, train_data, valid_data, test_data)
 
     init_seed(config["seed"] + config["local_rank"], config["reproducibility"])
-    model_instance = get_model_class(config["model"])(config, train_data._dataset).to(
-        config["device"]
-    )
+    model_instance = build_model(config, train_data._dataset)
     use_full_sort_for_sampled_scoring(model_instance)
     logger.info(model_instance)
     trainer = get_trainer(config["MODEL_TYPE"], config["model"])(config, model_instance)
@@ -250,6 +248,28 @@ class SummaryNotWrittenError(OutputWriteError):
     """The run finished but its summary file could not be written; ``summary`` holds it."""
 
     summary: dict
+
+
+class ModelBuildError(ValueError):
+    """A model that cannot be built with the given settings (exit code 2)."""
+
+
+def build_model(config, dataset):
+    """The model of ``config`` on ``dataset``.  RecBole's built-ins check few settings
+    and fail deep inside their constructors (FEARec with ``n_layers=1``, heads that do
+    not divide the hidden size ...): any failure while building is one line naming the
+    model and the failure, not a traceback."""
+    model_class = get_model_class(config["model"])
+    try:
+        model = model_class(config, dataset)
+    except ValueError:
+        raise  # the plugin's models already say what is wrong
+    except (ArithmeticError, AssertionError, LookupError, RuntimeError, TypeError) as error:
+        raise ModelBuildError(
+            f"{config['model']} cannot be built with these settings: "
+            f"{type(error).__name__}: {error or 'assertion failed'}"
+        ) from error
+    return model.to(config["device"])
 
 
 def check_training_budget(config) -> None:

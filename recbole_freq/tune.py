@@ -298,12 +298,13 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
     from recbole.data import create_dataset, data_preparation
     from recbole.utils import get_trainer, init_logger, init_seed
 
-    from recbole_freq.config import FreqConfig, get_model_class
+    from recbole_freq.config import FreqConfig
     from recbole_freq.data import check_prepared, dataset_fingerprint
     from recbole_freq.evaluation import use_full_sort_for_sampled_scoring
     from recbole_freq.noise import corrupt_training_data
     from recbole_freq.quick_start import (
         TrainingRecorder,
+        build_model,
         evaluate_extra_test_modes,
         unique_checkpoint_path,
     )
@@ -335,7 +336,7 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
     corrupt_training_data(config, train_data, valid_data, test_data)
 
     init_seed(config["seed"] + config["local_rank"], config["reproducibility"])
-    model = get_model_class(config["model"])(config, train_data._dataset).to(config["device"])
+    model = build_model(config, train_data._dataset)
     use_full_sort_for_sampled_scoring(model)
     trainer = get_trainer(config["MODEL_TYPE"], config["model"])(config, model)
     trainer.saved_model_file = unique_checkpoint_path(config)

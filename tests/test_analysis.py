@@ -179,3 +179,15 @@ def test_analyze_bad_inputs_are_clear_errors(checkpoints, tmp_path, capsys):
     not_prepared.mkdir()
     assert main(["--analyze", checkpoints["SASRec"], "--data_path", str(not_prepared)]) == 2
     assert "dataset 'tiny' is not prepared" in capsys.readouterr().err
+
+
+def test_one_bad_checkpoint_does_not_fail_the_batch(checkpoints, tmp_path, capsys):
+    out = tmp_path / "figures"
+    missing = str(tmp_path / "missing.pth")
+    assert main(["--analyze", checkpoints["SASRec"], missing, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: skipped 1 of 2 checkpoints: " + missing in err and "does not exist" in err
+    report = json.loads((out / "analysis.json").read_text())
+    assert [c["model"] for c in report["checkpoints"]] == ["SASRec"]
+    assert main(["--analyze", missing, str(tmp_path / "other.pth"), "--out", str(out)]) == 2
+    assert "none of the 2 checkpoints can be analysed" in capsys.readouterr().err

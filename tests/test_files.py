@@ -264,3 +264,27 @@ def test_output_folders_are_cleaned_of_a_killed_runs_temporaries(tmp_path):
     user_file.write_text("mine")
     check_writable(tmp_path, "checkpoint_dir")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([fresh_old_style.name, user_file.name])
+
+
+def test_two_preparations_of_one_dataset_never_interleave(tmp_path):
+    import fcntl
+
+    from conftest import write_sequences
+    from dataset_prep import convert_one_line
+    from dataset_prep.errors import UsageError
+
+    raw = write_sequences(tmp_path / "tiny.txt")
+    target = tmp_path / "data" / "tiny"
+    target.mkdir(parents=True)
+    (target / "tiny.inter").write_text("kept\n")
+    other = os.open(target, os.O_RDONLY)  # another preparation holds the folder
+    fcntl.flock(other, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(UsageError, match="another dataset_prep is writing .* right now"):
+            convert_one_line(raw, tmp_path / "data", "tiny", show_progress=False, force=True)
+        assert sorted(p.name for p in target.iterdir()) == ["tiny.inter"]
+        assert (target / "tiny.inter").read_text() == "kept\n"
+    finally:
+        os.close(other)
+    convert_one_line(raw, tmp_path / "data", "tiny", show_progress=False, force=True)
+    assert sorted(p.name for p in target.iterdir()) == ["tiny.inter", "tiny.stats.json"]

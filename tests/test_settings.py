@@ -377,3 +377,30 @@ def test_a_users_own_ml_100k_wins_over_recboles_bundled_copy(small_config, tmp_p
     summary = json.loads(Path(summary_file.split(None, 1)[1]).read_text())
     assert summary["config"]["data_path"] == str(data / "ml-100k")
     assert summary["parameters"] < 20_000  # 20 users' items, not RecBole's 1,682
+
+
+@pytest.mark.parametrize("model", ["BPR", "FPMC"])
+def test_pairwise_models_get_their_negatives(small_config, model):
+    from recbole_freq.quick_start import run
+
+    config = {
+        k: v
+        for k, v in small_config.items()
+        if k not in ("hidden_size", "inner_size", "n_heads", "n_layers", "MAX_ITEM_LIST_LENGTH")
+    }
+    summary = run(model, "tiny", config_dict=dict(config, epochs=1, embedding_size=16))
+    assert summary["epochs_run"] == 1 and 0 <= summary["test_result"]["ndcg@10"] <= 1
+    assert summary["config"]["train_neg_sample_args"]["sample_num"] == 1
+
+
+def test_pairwise_loss_without_negatives_is_refused(small_config, tmp_path, capsys):
+    config_file = tmp_path / "none.yaml"
+    config_file.write_text("loss_type: BPR\ntrain_neg_sample_args: ~\n")
+    assert run_main(small_config, "--config_files", str(config_file), model="SASRec") == 2
+    assert "trains on (positive, negative) pairs" in one_error_line(capsys)
+
+
+def test_a_recbole_model_that_cannot_be_built_is_one_line(small_config, capsys):
+    assert run_main(dict(small_config, n_layers=1), model="FEARec") == 2
+    err = one_error_line(capsys)
+    assert err.startswith("error: FEARec cannot be built with these settings: ")
