@@ -119,10 +119,6 @@ def partial_file(out: Path, model: str, seed: int) -> Path:
     return out / "partial" / f"{model}-seed{seed}.resume.pth"
 
 
-def _write_text(path: Path, text: str) -> None:
-    write_atomic(path, text)
-
-
 def _load_run(path: Path) -> dict:
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
@@ -161,7 +157,7 @@ def _store_run(out: Path, settings: dict, model: str, seed: int, summary: dict) 
         "summary": kept,
     }
     path = run_file(out, model, seed)
-    _write_text(path, json.dumps(record, indent=2, default=str))
+    write_atomic(path, json.dumps(record, indent=2, default=str))
     return path
 
 
@@ -718,9 +714,9 @@ def compare(
         "plot": out / "comparison.png",
         "runs_csv": out / "runs.csv",
     }
-    _write_text(files["csv"], csv_text(rows))
-    _write_text(files["markdown"], markdown)
-    _write_text(files["runs_csv"], runs_csv_text(records, ordered, seeds, metrics))
+    write_atomic(files["csv"], csv_text(rows))
+    write_atomic(files["markdown"], markdown)
+    write_atomic(files["runs_csv"], runs_csv_text(records, ordered, seeds, metrics))
     save_plot(files["plot"], rows, metrics, dataset, seeds)
     return {
         "rows": rows,

@@ -122,7 +122,7 @@ def resume_run(path) -> dict:
 def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict:
     """``run`` on a built configuration."""
     start = time.perf_counter()
-    check_training_budget(config)
+    check_run_settings(config)
     check_prepared(config)
     check_atomic_columns(config)
     config["dataset_sha256"] = dataset_fingerprint(config)
@@ -272,7 +272,7 @@ def build_model(config, dataset):
     return model.to(config["device"])
 
 
-def check_training_budget(config) -> None:
+def check_run_settings(config) -> None:
     """A run that would not train, never validate, or fail after its first epoch is an
     error before anything runs."""
     _check_valid_metric(config)

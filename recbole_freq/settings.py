@@ -235,15 +235,12 @@ def check_user_settings(
     model classes the same settings are given to (a comparison): a key one of them reads
     is accepted."""
     extension = set()
-    for key in (ESCAPE_HATCH,):
-        if key in given:
-            value = given[key][1]
-            names = [value] if isinstance(value, str) else value
-            if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
-                raise UnknownSettingError(
-                    f"{given[key][0]}: {ESCAPE_HATCH} must be a list of key names"
-                )
-            extension |= set(names)
+    if ESCAPE_HATCH in given:
+        where, value = given[ESCAPE_HATCH]
+        names = [value] if isinstance(value, str) else value
+        if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+            raise UnknownSettingError(f"{where}: {ESCAPE_HATCH} must be a list of key names")
+        extension = set(names)
     known = common_keys() | model_keys(model_class) | extension | set(IDENTITY_KEYS)
     for other in shared_with:
         known |= model_keys(other)

@@ -647,9 +647,8 @@ def tune_model(
     }
 
     storage = check_writable(Path(storage_path).expanduser().resolve(), "--storage_path")
-    name = name or f"{model_name}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = name or default_search_name(model_name, dataset)
     check_name_component(name, "--name")
-    LAST_NAME["name"] = name
     experiment_dir = storage / name
     spec = _job_spec(model, dataset, config_files, config_dict, overrides, paper, space, search)
     if resume:
@@ -984,7 +983,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _resume_argv(argv: list[str], args) -> list[str]:
+def default_search_name(model: str, dataset: str) -> str:
+    """``<model>-<dataset>-<time>``: the experiment folder of a search given no --name."""
+    return f"{model}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _resume_argv(argv: list[str], name: str) -> list[str]:
     """The same command with ``--resume --name <name>`` (the name the search used)."""
     kept, skip = [], False
     for arg in argv:
@@ -999,11 +1003,7 @@ def _resume_argv(argv: list[str], args) -> list[str]:
         if arg.startswith("--name="):
             continue
         kept.append(arg)
-    return [*kept, "--resume", "--name", args.name or LAST_NAME.get("name", "<name>")]
-
-
-# The experiment name of the latest search in this process (a generated one included).
-LAST_NAME: dict[str, str] = {}
+    return [*kept, "--resume", "--name", name]
 
 
 def cli(argv: list[str]) -> int:
@@ -1019,6 +1019,8 @@ def cli(argv: list[str]) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     overrides = parse_overrides(extra, parser)
+    # Named here, so that an interrupt can name the search to resume.
+    name = args.name or default_search_name(args.model, args.dataset)
     try:
         summary = tune_model(
             args.model,
@@ -1035,7 +1037,7 @@ def cli(argv: list[str]) -> int:
             gpus_per_trial=args.gpus_per_trial,
             max_concurrent=args.max_concurrent,
             storage_path=args.storage_path,
-            name=args.name,
+            name=name,
             resume=args.resume,
             ray_address=args.ray_address,
             num_cpus=args.num_cpus,
@@ -1047,7 +1049,7 @@ def cli(argv: list[str]) -> int:
     except KeyboardInterrupt as interrupt:
         raise RunInterrupted(
             f"{interrupt if isinstance(interrupt, RunInterrupted) else 'the search stopped'}. "
-            "Continue with: python run_recbole_freq.py " + shlex.join(_resume_argv(argv, args))
+            "Continue with: python run_recbole_freq.py " + shlex.join(_resume_argv(argv, name))
         ) from interrupt
     print(summary["table"])
     print()

@@ -130,9 +130,7 @@ def test_wrong_kinds_of_output_paths(tmp_path):
         check_writable(a_file / "sub", "--out")
 
 
-def test_a_failed_checkpoint_resave_keeps_the_previous_checkpoint(
-    small_config, disk_full_after
-):
+def test_a_failed_checkpoint_resave_keeps_the_previous_checkpoint(small_config, disk_full_after):
     from test_untrusted_files import trained_trainer
 
     trainer, _ = trained_trainer(small_config, epochs=0)
@@ -263,7 +261,9 @@ def test_output_folders_are_cleaned_of_a_killed_runs_temporaries(tmp_path):
     user_file = tmp_path / ".notes.tmp"
     user_file.write_text("mine")
     check_writable(tmp_path, "checkpoint_dir")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([fresh_old_style.name, user_file.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [fresh_old_style.name, user_file.name]
+    )
 
 
 def test_two_preparations_of_one_dataset_never_interleave(tmp_path):
