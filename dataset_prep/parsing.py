@@ -23,5 +23,8 @@ def decode_line(path: Path, number: int, line: bytes) -> str:
         return line.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as exc:
         raise RawFormatError(
-            path, number, f"not valid UTF-8 text (byte {exc.start + 1} of the line)"
+            path,
+            number,
+            f"not valid UTF-8 text (byte {exc.start + 1} of the line); dataset_prep reads "
+            "UTF-8: convert the file first, e.g. iconv -f latin1 -t utf-8",
         ) from None

@@ -28,6 +28,14 @@ PROGRESS_MIN_BYTES = 1 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZIP_MAGIC = b"PK\x03\x04"
 _CHUNK = 1 << 20
+_UTF8_BOM = b"\xef\xbb\xbf"
+# Longest first: the UTF-32 LE mark begins with the UTF-16 LE one.
+_OTHER_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe", "UTF-16"),
+    (b"\xfe\xff", "UTF-16"),
+)
 
 
 @dataclass(frozen=True)
@@ -176,7 +184,9 @@ class RawFile:
             raise RuntimeError("iterate a RawFile inside its `with` block")
         number = 0
         try:
-            for number, line in enumerate(self._lines, start=1):
+            for number, line in enumerate(_text_lines(self._lines), start=1):
+                if number == 1:
+                    line = self._without_byte_order_mark(line)
                 yield number, line
             # Read what no line consumed (gzip trailer, trailing bytes) so the
             # hash and size cover the whole file.
@@ -201,12 +211,52 @@ class RawFile:
             ) from None
         self._done = True
 
+    def _without_byte_order_mark(self, line: bytes) -> bytes:
+        """The first line without a UTF-8 byte-order mark (editors on Windows write one);
+        text in another encoding is refused, since every reader expects UTF-8."""
+        if line.startswith(_UTF8_BOM):
+            return line[len(_UTF8_BOM) :]
+        for mark, encoding in _OTHER_BOMS:
+            if line.startswith(mark):
+                raise RawInputError(
+                    f"{self.path} is {encoding} text (it starts with a {encoding} byte-order "
+                    "mark); save it as UTF-8 and run again"
+                )
+        if b"\x00" in line:
+            raise RawInputError(
+                f"{self.path} has NUL bytes on its first line: it is binary, or UTF-16/32 text "
+                "without a byte-order mark; give a UTF-8 text file"
+            )
+        return line
+
     @property
     def source(self) -> RawSource:
         """Size and hash of the file; only valid once every line was read."""
         if not self._done or self._tap is None:
             raise RuntimeError("RawFile.source read before the whole file was read")
         return RawSource(path=self.path, size=self._tap.size, sha256=self._digest.hexdigest())
+
+
+def _text_lines(lines: Iterator[bytes]) -> Iterator[bytes]:
+    """Lines ended by ``\\n``, ``\\r\\n`` or a lone ``\\r`` (classic Mac files), each with
+    its ending.  Binary iteration splits at ``\\n`` only, so a file with ``\\r`` endings
+    would read as one line: one user holding every item."""
+    for line in lines:
+        if b"\r" not in line:
+            yield line
+            continue
+        pieces = line.split(b"\r")
+        last = pieces.pop()
+        if last == b"\n":  # the line's own CRLF ending
+            pieces[-1] += b"\r\n"
+            last = b""
+        else:
+            pieces[-1] += b"\r"
+        for piece in pieces[:-1]:
+            yield piece + b"\r"
+        yield pieces[-1]
+        if last:
+            yield last
 
 
 def show_token(token: bytes | str, limit: int = 40) -> str:

@@ -695,3 +695,64 @@ def test_raw_amazon_rebuilt_from_published_file_gives_it_back(tmp_path):
         SHARED_S3REC / "Beauty.txt", tmp_path / "one", "amazon-beauty", fmt="one-line"
     )
     assert result.inter_path.read_bytes() == one_line.inter_path.read_bytes()
+
+
+# --- text encodings and line endings ----------------------------------------
+
+ENCODING_INPUTS = {
+    "one-line": ("s.txt", "1 2 3 4 5 6\n2 3 4 5 6 7\n3 4 5 6 7 8\n"),
+    "csv": ("l.csv", "user_id,item_id,timestamp\nu1,a,1\nu1,b,2\nu2,a,3\nu2,c,4\n"),
+    "movielens-dat": ("m.dat", "1::2::5::1\n1::3::5::2\n2::2::4::3\n2::4::4::4\n"),
+}
+LINE_ENDINGS = {
+    "lf": lambda data: data,
+    "crlf": lambda data: data.replace(b"\n", b"\r\n"),
+    "cr": lambda data: data.replace(b"\n", b"\r"),
+    "bom": lambda data: b"\xef\xbb\xbf" + data,
+    "bom-crlf-no-final-newline": lambda data: b"\xef\xbb\xbf" + data.replace(b"\n", b"\r\n")[:-2],
+    "gzip-cr": lambda data: gzip.compress(data.replace(b"\n", b"\r"), mtime=0),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(ENCODING_INPUTS))
+@pytest.mark.parametrize("ending", sorted(LINE_ENDINGS))
+def test_every_line_ending_and_a_byte_order_mark_read_the_same(tmp_path, fmt, ending):
+    filename, text = ENCODING_INPUTS[fmt]
+    reference = tmp_path / "reference" / filename
+    reference.parent.mkdir()
+    reference.write_bytes(text.encode())
+    variant = tmp_path / "variant" / filename
+    variant.parent.mkdir()
+    variant.write_bytes(LINE_ENDINGS[ending](text.encode()))
+    core = None if fmt == "one-line" else 1
+    expected = convert(reference, tmp_path / "a", "d", fmt=fmt, core=core, **quiet())
+    got = convert(variant, tmp_path / "b", "d", fmt=fmt, core=core, **quiet())
+    assert got.inter_path.read_bytes() == expected.inter_path.read_bytes()
+    assert got.stats == expected.stats
+    assert got.stats.users == (3 if fmt == "one-line" else 2)
+
+
+@pytest.mark.parametrize(
+    "data,fragment",
+    [
+        ("1 2 3\n".encode("utf-16"), "is UTF-16 text"),
+        ("1 2 3\n".encode("utf-32"), "is UTF-32 text"),
+        ("1 2 3\n".encode("utf-16-le"), "NUL bytes on its first line"),
+    ],
+    ids=["utf-16", "utf-32", "utf-16-without-bom"],
+)
+def test_other_encodings_are_refused_in_one_line(tmp_path, data, fragment):
+    raw = tmp_path / "s.txt"
+    raw.write_bytes(data)
+    with pytest.raises(RawInputError) as info:
+        convert(raw, tmp_path / "out", "d", fmt="one-line", **quiet())
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_latin1_csv_is_refused_with_the_conversion_to_make(tmp_path):
+    raw = tmp_path / "l.csv"
+    raw.write_bytes("user_id,item_id,timestamp\nJosé,a,1\n".encode("latin-1"))
+    with pytest.raises(RawFormatError) as info:
+        convert(raw, tmp_path / "out", "d", fmt="csv", core=1, **quiet())
+    assert "line 2: not valid UTF-8 text" in str(info.value) and "iconv" in str(info.value)
