@@ -384,7 +384,13 @@ def restore_model(path, data_path=None, device="cpu"):
     dataset = create_dataset(config)
     loaders = data_preparation(config, dataset)
     init_seed(config["seed"], config["reproducibility"])
-    model = build_model(config, loaders[0]._dataset)
+    try:
+        model = build_model(config, loaders[0]._dataset)
+    except ValueError as error:
+        raise CheckpointMismatchError(
+            f"checkpoint {str(path)!r}: its config cannot build the {config['model']} it "
+            f"records ({error}); the file was edited or damaged"
+        ) from error
     _check_state_fits(model, checkpoint["state_dict"], path, config, dataset)
     model.load_state_dict(checkpoint["state_dict"])
     model.load_other_parameter(checkpoint.get("other_parameter"))
@@ -490,13 +496,15 @@ def _check_state_fits(model, state: dict, path, config, dataset) -> None:
     ]
     if not (missing or unexpected or shapes):
         return
-    problems = []
-    if shapes:
-        problems.append("shapes differ (" + "; ".join(shapes[:5]) + ")")
-    if missing:
-        problems.append(f"weights missing from the checkpoint: {', '.join(missing[:5])}")
-    if unexpected:
-        problems.append(f"weights the model does not have: {', '.join(unexpected[:5])}")
+    if missing or unexpected:
+        # Other names, not other sizes: the weights belong to another architecture.
+        raise CheckpointMismatchError(
+            f"checkpoint {str(path)!r}: its weights are not those of a {config['model']} "
+            f"(the model it records): {len(missing)} of the model's weights are missing "
+            f"(e.g. {', '.join(missing[:2]) or '-'}) and {len(unexpected)} are unknown to it "
+            f"(e.g. {', '.join(unexpected[:2]) or '-'}); the file was edited or damaged"
+        )
+    problems = ["shapes differ (" + "; ".join(shapes[:5]) + ")"]
     raise CheckpointMismatchError(
         f"checkpoint {str(path)!r} ({config['model']}) does not fit dataset "
         f"{config['dataset']!r} at {config['data_path']} ({dataset.user_num - 1} users, "

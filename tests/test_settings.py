@@ -379,7 +379,7 @@ def test_a_users_own_ml_100k_wins_over_recboles_bundled_copy(small_config, tmp_p
     assert summary["parameters"] < 20_000  # 20 users' items, not RecBole's 1,682
 
 
-@pytest.mark.parametrize("model", ["BPR", "FPMC"])
+@pytest.mark.parametrize("model", ["BPR", "FPMC", "TransRec"])
 def test_pairwise_models_get_their_negatives(small_config, model):
     from recbole_freq.quick_start import run
 

@@ -266,6 +266,28 @@ def test_config_sizes_that_do_not_fit_the_weights_build_nothing(
     assert "MAX_ITEM_LIST_LENGTH=1000000 but position_embedding.weight has 12 positions" in err
 
 
+@pytest.mark.parametrize("recorded", ["BSARec", "GRU4Rec"])
+def test_a_recorded_model_that_does_not_fit_the_weights_is_refused(
+    genuine, tmp_path, capsys, recorded
+):
+    from recbole_freq.config import get_model_class
+
+    checkpoint = load_checkpoint(genuine["checkpoint"])  # SASRec weights
+    checkpoint["config"]["model"] = recorded
+    checkpoint["config"]["model_class"] = get_model_class(recorded)
+    edited = tmp_path / "relabelled.pth"
+    torch.save(checkpoint, edited, pickle_protocol=4)
+    for mode in (["--recommend", str(edited), "--users", "1"], ["--analyze", str(edited)]):
+        assert main(mode) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        assert (
+            f"its weights are not those of a {recorded}" in err
+            or f"its config cannot build the {recorded} it records" in err
+        )
+        assert "trained on other data" not in err
+
+
 def test_the_summary_names_the_weights_that_recommend_uses(genuine, tmp_path, capsys):
     from recbole_freq.checkpoint import weights_fingerprint
 
