@@ -200,36 +200,16 @@ BOUNDS = {
     # masking only the last item
     "mask_ratio": (0, False, 1, False),
     "ft_ratio": (0, True, 1, True),
-    # the plugin's own data settings
-    "noise_ratio": (0, True, 1, False),
-}
-
-# Ranges of the plugin models' own settings (papers' equations; the models check the
-# ranges that depend on other settings, such as c against MAX_ITEM_LIST_LENGTH, when
-# they are built).  Applied to plugin models only: a RecBole model may read a key of the
-# same name with another meaning.
-PLUGIN_BOUNDS = {
-    "alpha": (0, True, 1, True),  # BSARec eq. 5
-    "c": (1, True, None, False),  # BSARec eq. 2
-    "poly_order": (0, True, None, False),  # PolyRec eq. 12
-    "trc_alpha": (0, True, 1, True),  # PolyRec eq. 13
-    "trc_c": (1, True, None, False),
-    "cl_weight": (0, True, None, False),  # PolyRec eq. 18
-    "cl_temperature": (0, False, None, False),
-    "sparsity_beta": (0, True, None, False),  # Rec-Denoiser eq. 8
-    "jacobian_gamma": (0, True, None, False),  # Rec-Denoiser eq. 13
-    "jacobian_projections": (1, True, None, False),
-    "mask_init_prob": (0, False, 1, False),
 }
 
 
-def range_problem(key: str, value, plugin_model: bool = False) -> str | None:
-    """Why ``value`` lies outside ``key``'s range (``BOUNDS``, and ``PLUGIN_BOUNDS`` for
-    a plugin model), or None."""
-    bounds = {**BOUNDS, **PLUGIN_BOUNDS} if plugin_model else BOUNDS
-    if key not in bounds or isinstance(value, bool) or not isinstance(value, (int, float)):
+def range_problem(key: str, value) -> str | None:
+    """Why ``value`` lies outside ``key``'s range (``BOUNDS``), or None.  The plugin
+    models check their own settings' ranges when they are built, with the paper's
+    equation in the message."""
+    if key not in BOUNDS or isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    low, low_in, high, high_in = bounds[key]
+    low, low_in, high, high_in = BOUNDS[key]
     if low is not None and (value < low or (value == low and not low_in)):
         return f"must be {'>=' if low_in else '>'} {low}"
     if high is not None and (value > high or (value == high and not high_in)):
@@ -271,11 +251,10 @@ def check_user_settings(
     for other in shared_with:
         known |= model_keys(other)
     model = model_class.__name__
-    plugin_model = model_class.__module__.startswith("recbole_freq.")
     for key, (where, value) in given.items():
         if key not in known:
             raise UnknownSettingError(_unknown_message(key, where, model, known))
-        problem = type_problem(key, value) or range_problem(key, value, plugin_model)
+        problem = type_problem(key, value) or range_problem(key, value)
         if problem:
             flag = "--" if where == "command line" else ""
             raise UnknownSettingError(f"{flag}{key} ({where}) {problem}, got {value!r}")
