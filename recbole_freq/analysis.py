@@ -207,7 +207,7 @@ class EncoderProbe:
         for index, block in enumerate(self.model.encoder.blocks):
             mixer = block.mixer
             if isinstance(mixer, BeyondSelfAttentionMixer):
-                length = mixer.rescaler.low_pass.size(-1)
+                length = mixer.rescaler.seq_len
                 hidden = mixer.rescaler.sqrt_beta.size(-1)
                 param = mixer.rescaler.sqrt_beta
                 impulses = torch.eye(length, dtype=param.dtype, device=param.device)

@@ -191,3 +191,35 @@ def test_unknown_fusion_branch_is_rejected():
         build_encoder(**settings, fusion_branches=["bsa", "sa"], fusion_weights=[1.0])
     with pytest.raises(ValueError, match="attention_operator='nope' is unknown"):
         build_encoder(**settings, attention_operator="nope")
+
+
+@pytest.mark.parametrize("seq_len,c", [(50, 3), (49, 9), (8, 8), (7, 6), (201, 5)])
+def test_fft_and_matmul_low_pass_are_the_same_function(seq_len, c):
+    torch.manual_seed(3)
+    x = torch.randn(3, seq_len, 4, requires_grad=True)
+    matmul = FrequencyRescaler(seq_len, c, 4, method="matmul")
+    fft = FrequencyRescaler(seq_len, c, 4, method="fft")
+    fft.load_state_dict(matmul.state_dict())
+    weights = torch.randn(3, seq_len, 4)
+    outputs, grads = [], []
+    for rescaler in (matmul, fft):
+        out = rescaler(x)
+        (grad,) = torch.autograd.grad((out * weights).sum(), x)
+        outputs.append(out)
+        grads.append(grad)
+    torch.testing.assert_close(outputs[1], outputs[0], atol=2e-5, rtol=0)
+    torch.testing.assert_close(grads[1], grads[0], atol=2e-5, rtol=0)
+    torch.testing.assert_close(
+        fft.low_frequency(x.double()), explicit_low_pass(x.detach(), c // 2 + 1), atol=2e-5, rtol=0
+    )
+
+
+def test_long_sequences_use_the_fft_and_hold_no_n_by_n_matrix():
+    from recbole_freq.model.layers import FFT_LOW_PASS_FROM_LENGTH
+
+    short = FrequencyRescaler(FFT_LOW_PASS_FROM_LENGTH - 1, 3, 4)
+    long = FrequencyRescaler(FFT_LOW_PASS_FROM_LENGTH, 3, 4)
+    assert short.method == "matmul" and short.low_pass is not None
+    assert long.method == "fft" and long.low_pass is None
+    with pytest.raises(ValueError, match="low-pass method 'dense' is unknown"):
+        FrequencyRescaler(10, 3, 4, method="dense")

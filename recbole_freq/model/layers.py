@@ -205,6 +205,15 @@ def low_pass_projector(seq_len: int, low_bins: int) -> torch.Tensor:
     return torch.fft.irfft(spectrum, n=seq_len, dim=0, norm="ortho").to(torch.float32)
 
 
+# From this sequence length on, LFC[X] is computed as irfft(rfft(X)[:bins]) instead of
+# the dense n x n projection: the matmul costs n^2 d per sequence against the FFT's
+# n log n d and holds an n x n matrix.  The crossover was measured on the CPU (training
+# step of the rescaler alone, batch 256, d 64; benchmarks/bench_low_pass.py and
+# benchmarks/results/low-pass-crossover-cpu.md): below it the matmul is faster.
+FFT_LOW_PASS_FROM_LENGTH = 256
+LOW_PASS_METHODS = ("auto", "matmul", "fft")
+
+
 class FrequencyRescaler(nn.Module):
     """Attentive inductive bias with frequency rescaler, BSARec eq. 7.
 
@@ -213,9 +222,14 @@ class FrequencyRescaler(nn.Module):
     and ``c // 2`` more), ``HFC = X - LFC``, and ``beta = sqrt_beta ** 2`` stays
     non-negative; ``sqrt_beta`` starts from a standard normal draw.  ``beta_type``
     ``vector`` learns one beta per hidden dimension, ``scalar`` one per layer.
+    ``method`` picks how ``LFC`` is computed (the same function either way): ``matmul``
+    (dense projector), ``fft`` (rfft/irfft) or ``auto`` (``fft`` from
+    ``FFT_LOW_PASS_FROM_LENGTH`` on).
     """
 
-    def __init__(self, seq_len: int, c: int, hidden_size: int, beta_type: str = "vector"):
+    def __init__(
+        self, seq_len: int, c: int, hidden_size: int, beta_type: str = "vector", method="auto"
+    ):
         super().__init__()
         n_bins = seq_len // 2 + 1
         low_bins = c // 2 + 1
@@ -227,19 +241,38 @@ class FrequencyRescaler(nn.Module):
             )
         if beta_type not in ("vector", "scalar"):
             raise ValueError(f"beta_type={beta_type!r} is unknown; use 'vector' or 'scalar'")
+        if method not in LOW_PASS_METHODS:
+            raise ValueError(
+                f"low-pass method {method!r} is unknown; use one of {LOW_PASS_METHODS}"
+            )
+        if method == "auto":
+            method = "fft" if seq_len >= FFT_LOW_PASS_FROM_LENGTH else "matmul"
+        self.seq_len = seq_len
         self.c = c
         self.low_bins = low_bins
+        self.method = method
         width = hidden_size if beta_type == "vector" else 1
         self.sqrt_beta = nn.Parameter(torch.randn(1, 1, width))
-        self.register_buffer("low_pass", low_pass_projector(seq_len, low_bins), persistent=False)
+        projector = low_pass_projector(seq_len, low_bins) if method == "matmul" else None
+        self.register_buffer("low_pass", projector, persistent=False)
 
     @property
     def beta(self) -> torch.Tensor:
         return self.sqrt_beta.square().flatten()
 
+    def low_frequency(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``LFC[X]`` of eq. 2 along the sequence axis (dim 1)."""
+        if self.low_pass is not None:
+            return torch.matmul(self.low_pass, hidden)
+        spectrum = torch.fft.rfft(hidden, dim=1, norm="ortho")[:, : self.low_bins]
+        return torch.fft.irfft(spectrum, n=self.seq_len, dim=1, norm="ortho")
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        low = torch.matmul(self.low_pass, hidden)
+        low = self.low_frequency(hidden)
         return low + self.sqrt_beta.square() * (hidden - low)
+
+    def extra_repr(self) -> str:
+        return f"seq_len={self.seq_len}, c={self.c}, method={self.method}"
 
 
 class SelfAttentionMixer(nn.Module):
