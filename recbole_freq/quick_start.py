@@ -16,6 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
+import torch
 from recbole.data import create_dataset, data_preparation
 from recbole.data.utils import create_samplers, get_dataloader
 from recbole.utils import get_trainer, init_logger, init_seed
@@ -26,6 +27,7 @@ from recbole_freq.config import FreqConfig, UnknownModelError, get_model_class
 from recbole_freq.data import DatasetNotPreparedError, check_prepared, dataset_fingerprint
 from recbole_freq.evaluation import use_full_sort_for_sampled_scoring
 from recbole_freq.files import OutputWriteError, check_writable, write_atomic
+from recbole_freq.memory import TrainingOutOfMemory, check_memory
 from recbole_freq.noise import corrupt_training_data
 from recbole_freq.resume import (
     ResumeError,
@@ -135,6 +137,7 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
     recbole_dataset = create_dataset(config)
     logger.info(recbole_dataset)
     check_item_count(config, recbole_dataset)
+    check_memory(config, recbole_dataset, logger)
     train_data, valid_data, test_data = data_preparation(config, recbole_dataset)
     check_split_rows(config, recbole_dataset, train_data, valid_data, test_data)
     noise = corrupt_training_data(config, train_data, valid_data, test_data)
@@ -166,19 +169,22 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
         logger.info(f"resumed from {resume_file} at epoch {trainer.start_epoch}")
 
     try:
-        best_valid_score, best_valid_result = trainer.fit(
-            train_data, valid_data, saved=saved, show_progress=config["show_progress"]
+        try:
+            best_valid_score, best_valid_result = trainer.fit(
+                train_data, valid_data, saved=saved, show_progress=config["show_progress"]
+            )
+        except KeyboardInterrupt as interrupt:
+            raise RunInterrupted(
+                _interrupted_training(recorder, resume_file if saved else None)
+            ) from interrupt
+        test_result = trainer.evaluate(
+            test_data, load_best_model=saved, show_progress=config["show_progress"]
         )
-    except KeyboardInterrupt as interrupt:
-        raise RunInterrupted(
-            _interrupted_training(recorder, resume_file if saved else None)
-        ) from interrupt
-    test_result = trainer.evaluate(
-        test_data, load_best_model=saved, show_progress=config["show_progress"]
-    )
-    extra_test_results = evaluate_extra_test_modes(
-        config, recbole_dataset, (train_data, valid_data, test_data), trainer, saved
-    )
+        extra_test_results = evaluate_extra_test_modes(
+            config, recbole_dataset, (train_data, valid_data, test_data), trainer, saved
+        )
+    except torch.OutOfMemoryError as error:
+        raise TrainingOutOfMemory(config) from error
     n_epochs = len(recorder.epochs)
     best_state = saved_state(trainer) if saved else None
     summary = {
@@ -466,9 +472,9 @@ def format_summary(summary: dict) -> str:
 
 
 def exit_code(error: BaseException) -> int:
-    """The one rule: an environment failure (a file or folder that cannot be written)
-    exits 1; usage and input errors exit 2."""
-    return 1 if isinstance(error, OutputWriteError) else 2
+    """The one rule: an environment failure (a file or folder that cannot be written,
+    a device out of memory) exits 1; usage and input errors exit 2."""
+    return 1 if isinstance(error, (OutputWriteError, TrainingOutOfMemory)) else 2
 
 
 def report_error(error: BaseException) -> int:
@@ -587,6 +593,7 @@ EXPECTED_ERRORS = (
     FileNotFoundError,
     ValueError,
     OutputWriteError,
+    TrainingOutOfMemory,
 )
 
 

@@ -45,6 +45,7 @@ import yaml
 
 from recbole_freq.config import check_name_component
 from recbole_freq.files import check_writable, write_atomic
+from recbole_freq.memory import check_memory
 
 HYPER_TYPES = ("choice", "uniform", "quniform", "loguniform")
 SEARCHES = ("grid", "random", "optuna", "hyperopt")
@@ -332,6 +333,7 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
         # loaders below follow the trial's config.
         dataset = shared_dataset
         dataset.config = config
+    check_memory(config, dataset)
     train_data, valid_data, test_data = data_preparation(config, dataset)
     corrupt_training_data(config, train_data, valid_data, test_data)
 
