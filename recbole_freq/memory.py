@@ -172,11 +172,13 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def check_memory(config, dataset, logger: logging.Logger | None = None) -> int | None:
+def check_memory(config, dataset, logger=None, users_longest: int | None = None) -> int | None:
     """Warn about a length far beyond the data, refuse a step that cannot fit (see the
-    module docstring).  Returns the estimate in bytes (None when not estimated)."""
+    module docstring).  ``users_longest``: ``longest_history(dataset)`` taken before
+    ``data_preparation`` (which rewrites the dataset's interactions); by default it is
+    taken now.  Returns the estimate in bytes (None when not estimated)."""
     logger = logger or logging.getLogger()
-    longest = longest_history(dataset) - 1
+    longest = (users_longest or longest_history(dataset)) - 1
     shape = step_shape(config, dataset.item_num)
     estimate = estimate_bytes(config["model"], shape) if shape is not None else None
     available = available_bytes(config["device"]) if estimate is not None else None

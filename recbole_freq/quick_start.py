@@ -27,7 +27,7 @@ from recbole_freq.config import FreqConfig, UnknownModelError, get_model_class
 from recbole_freq.data import DatasetNotPreparedError, check_prepared, dataset_fingerprint
 from recbole_freq.evaluation import use_full_sort_for_sampled_scoring
 from recbole_freq.files import OutputWriteError, check_writable, write_atomic
-from recbole_freq.memory import TrainingOutOfMemory, check_memory
+from recbole_freq.memory import TrainingOutOfMemory, check_memory, longest_history
 from recbole_freq.noise import corrupt_training_data
 from recbole_freq.resume import (
     ResumeError,
@@ -137,9 +137,10 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
     recbole_dataset = create_dataset(config)
     logger.info(recbole_dataset)
     check_item_count(config, recbole_dataset)
-    check_memory(config, recbole_dataset, logger)
+    users_longest = longest_history(recbole_dataset)
     train_data, valid_data, test_data = data_preparation(config, recbole_dataset)
     check_split_rows(config, recbole_dataset, train_data, valid_data, test_data)
+    check_memory(config, recbole_dataset, logger, users_longest)
     noise = corrupt_training_data(config, train_data, valid_data, test_data)
 
     init_seed(config["seed"] + config["local_rank"], config["reproducibility"])

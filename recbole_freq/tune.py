@@ -45,7 +45,7 @@ import yaml
 
 from recbole_freq.config import check_name_component
 from recbole_freq.files import check_writable, write_atomic
-from recbole_freq.memory import check_memory
+from recbole_freq.memory import check_memory, longest_history
 
 HYPER_TYPES = ("choice", "uniform", "quniform", "loguniform")
 SEARCHES = ("grid", "random", "optuna", "hyperopt")
@@ -333,8 +333,9 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
         # loaders below follow the trial's config.
         dataset = shared_dataset
         dataset.config = config
-    check_memory(config, dataset)
+    users_longest = longest_history(dataset)
     train_data, valid_data, test_data = data_preparation(config, dataset)
+    check_memory(config, dataset, users_longest=users_longest)
     corrupt_training_data(config, train_data, valid_data, test_data)
 
     init_seed(config["seed"] + config["local_rank"], config["reproducibility"])
