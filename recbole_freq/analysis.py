@@ -199,7 +199,7 @@ class EncoderProbe:
     def mixers(self) -> dict[int, tuple[float, torch.Tensor]]:
         """Per BSARec layer: ``(alpha, R)`` with ``R`` ``(hidden, N, N)`` the frequency
         rescaler's matrix per hidden dimension (row = output position)."""
-        from recbole_freq.model.layers import BeyondSelfAttentionMixer
+        from recbole_freq.model.frequency import BeyondSelfAttentionMixer
 
         found = {}
         if self.family != "core":

@@ -33,6 +33,8 @@ import logging
 import numpy as np
 import torch
 
+from recbole_freq.options import as_number
+
 NOISE_SCOPES = ("train", "observed")
 
 
@@ -40,10 +42,7 @@ def noise_settings(config) -> tuple[float, int, str]:
     """``(noise_ratio, noise_seed, noise_scope)`` from the config, validated."""
     raw = config["noise_ratio"]
     ratio = 0.0 if raw is None else raw
-    try:
-        ratio = float(ratio)
-    except (TypeError, ValueError):
-        ratio = float("nan")
+    ratio = as_number(ratio)
     if isinstance(raw, bool) or not 0.0 <= ratio < 1.0:
         raise ValueError(
             f"noise_ratio={raw!r} must lie in [0, 1): the fraction of training interactions "

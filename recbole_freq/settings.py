@@ -125,9 +125,10 @@ def _keys_in_source(model_class: type) -> frozenset[str]:
         except (OSError, TypeError):
             continue
     if model_class.__module__.startswith("recbole_freq."):
-        from recbole_freq.model import layers
+        from recbole_freq.model import denoising, encoder, frequency, layers, objectives, polynomial
 
-        keys |= _keys_read_in(inspect.getsource(layers))
+        for core in (layers, encoder, frequency, polynomial, denoising, objectives):
+            keys |= _keys_read_in(inspect.getsource(core))
     return frozenset(keys)
 
 
@@ -136,9 +137,9 @@ def model_keys(model_class: type) -> frozenset[str]:
     plugin models every encoder component registered now."""
     keys = set(keys_by_model().get(model_class.__name__, ())) | _keys_in_source(model_class)
     if model_class.__module__.startswith("recbole_freq."):
-        from recbole_freq.model import layers
+        from recbole_freq.model import encoder
 
-        for registry in (layers.ATTENTION_OPERATORS, layers.RESIDUAL_PATHS):
+        for registry in (encoder.ATTENTION_OPERATORS, encoder.RESIDUAL_PATHS):
             for component in registry.values():
                 keys |= set(component.config_keys)
     return frozenset(keys)

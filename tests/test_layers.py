@@ -5,11 +5,15 @@ import math
 import pytest
 import torch
 
-from recbole_freq.model.layers import (
+from recbole_freq.model.encoder import build_encoder
+from recbole_freq.model.frequency import (
     BeyondSelfAttentionMixer,
+    FrequencyRescaler,
+    low_pass_projector,
+)
+from recbole_freq.model.layers import (
     Dropout,
     FeedForward,
-    FrequencyRescaler,
     MultiHeadSelfAttention,
     SelfAttentionMixer,
     SoftmaxAttention,
@@ -17,8 +21,6 @@ from recbole_freq.model.layers import (
     TransformerBlock,
     attention_probabilities,
     build_attention_mask,
-    build_encoder,
-    low_pass_projector,
 )
 
 
@@ -215,7 +217,7 @@ def test_fft_and_matmul_low_pass_are_the_same_function(seq_len, c):
 
 
 def test_long_sequences_use_the_fft_and_hold_no_n_by_n_matrix():
-    from recbole_freq.model.layers import FFT_LOW_PASS_FROM_LENGTH
+    from recbole_freq.model.frequency import FFT_LOW_PASS_FROM_LENGTH
 
     short = FrequencyRescaler(FFT_LOW_PASS_FROM_LENGTH - 1, 3, 4)
     long = FrequencyRescaler(FFT_LOW_PASS_FROM_LENGTH, 3, 4)

@@ -203,9 +203,9 @@ def test_ml100k_two_epochs_end_to_end(tmp_path):
 
 
 def test_registered_components_are_one_config_line_away(small_config, monkeypatch):
-    """An operator or residual path registered in layers.py is picked by config, gets its
+    """An operator or residual path registered in encoder.py is picked by config, gets its
     config keys as options, and its regularization_loss() is added to the loss."""
-    from recbole_freq.model import layers
+    from recbole_freq.model import encoder, layers
 
     class ScaledSoftmax(layers.SoftmaxAttention):
         def __init__(self, dropout_prob, scale):
@@ -223,14 +223,14 @@ def test_registered_components_are_one_config_line_away(small_config, monkeypatc
         return layers.StandardResidual(ctx.hidden_size, ctx.hidden_dropout_prob, ctx.layer_norm_eps)
 
     monkeypatch.setitem(
-        layers.ATTENTION_OPERATORS,
+        encoder.ATTENTION_OPERATORS,
         "scaled",
-        layers.Component(
+        encoder.Component(
             lambda ctx, test_scale=1.0: ScaledSoftmax(ctx.attn_dropout_prob, test_scale),
             ("test_scale",),
         ),
     )
-    monkeypatch.setitem(layers.RESIDUAL_PATHS, "tracking", layers.Component(tracking_residual))
+    monkeypatch.setitem(encoder.RESIDUAL_PATHS, "tracking", encoder.Component(tracking_residual))
     overrides = dict(small_config, attention_operator="scaled", test_scale=3.0, residual="tracking")
     config, train, _, _ = prepare("BSARec", overrides)
     model = BSARec(config, train._dataset)

@@ -16,14 +16,12 @@ from recbole.utils import init_seed
 from recbole_freq.config import FreqConfig
 from recbole_freq.model import PolyRec
 from recbole_freq.model.layers import (
-    ChebyshevAttention,
     SoftmaxAttention,
     StandardResidual,
-    TruncatedResidual,
     attention_probabilities,
     build_attention_mask,
-    chebyshev_terms,
 )
+from recbole_freq.model.polynomial import ChebyshevAttention, TruncatedResidual, chebyshev_terms
 from recbole_freq.model.sequential_recommender.polyrec import SameTargetSampler
 from recbole_freq.quick_start import REPORTED_METRICS, main, run
 

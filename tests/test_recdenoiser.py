@@ -14,18 +14,15 @@ from recbole.utils import init_seed
 
 from recbole_freq.config import FreqConfig, properties_dir
 from recbole_freq.model import BERT4RecDenoiser, RecDenoiser
-from recbole_freq.model.layers import (
+from recbole_freq.model.denoising import (
     DenoisingMaskAttention,
-    DenoisingObjective,
-    DenoisingPass,
     align_masks,
-    attention_probabilities,
-    build_attention_mask,
-    build_encoder,
-    jacobian_norm_estimate,
     mask_alignment_index,
     sparsity_penalty_scale,
 )
+from recbole_freq.model.encoder import build_encoder
+from recbole_freq.model.layers import attention_probabilities, build_attention_mask
+from recbole_freq.model.objectives import DenoisingObjective, DenoisingPass, jacobian_norm_estimate
 from recbole_freq.noise import corrupt_sequences
 from recbole_freq.quick_start import run
 

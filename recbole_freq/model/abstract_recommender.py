@@ -9,17 +9,13 @@ import torch.nn.functional as F
 from recbole.model.abstract_recommender import SequentialRecommender
 from torch import nn
 
-from recbole_freq.model.layers import (
-    ATTENTION_OPERATORS,
-    RESIDUAL_PATHS,
-    DenoisingMaskAttention,
-    DenoisingObjective,
+from recbole_freq.model.denoising import DenoisingMaskAttention, sparsity_penalty_scale
+from recbole_freq.model.encoder import ATTENTION_OPERATORS, RESIDUAL_PATHS, build_encoder
+from recbole_freq.model.layers import SequenceEmbedding, build_attention_mask, init_weights
+from recbole_freq.model.objectives import (
     DenoisingPass,
-    SequenceEmbedding,
-    build_attention_mask,
-    build_encoder,
-    init_weights,
-    sparsity_penalty_scale,
+    build_objective,
+    component_regularisation,
 )
 
 LOSS_TYPES = ("CE", "BPR")
@@ -81,7 +77,8 @@ class TransformerRecommender(SequentialRecommender):
         )
         self.encoder = build_encoder(**self.encoder_settings(config))
         self.scale_sparsity_penalties(config, dataset)
-        self.objective = DenoisingObjective(
+        self.objective = build_objective(
+            self.encoder,
             config_value(config, "jacobian_gamma", 0.0),
             config_value(config, "jacobian_projections", 1),
             config_value(config, "jacobian_normalization", "position"),
@@ -91,7 +88,7 @@ class TransformerRecommender(SequentialRecommender):
 
     def scale_sparsity_penalties(self, config, dataset) -> None:
         """Put every ``denoise`` operator's eq. 8 penalty on the scale of the batch-mean
-        loss (``sparsity_normalization``, see ``layers.sparsity_penalty_scale``); N is the
+        loss (``sparsity_normalization``, see ``denoising.sparsity_penalty_scale``); N is the
         number of training rows of ``dataset``, the training split the model is built
         with."""
         operators = [m for m in self.encoder.modules() if isinstance(m, DenoisingMaskAttention)]
@@ -145,11 +142,11 @@ class TransformerRecommender(SequentialRecommender):
     def calculate_loss(self, interaction):
         """Eq. 11 (CE) or BPR, plus every component's ``regularization_loss()``.
 
-        The loss goes through ``DenoisingObjective`` (Rec-Denoiser eq. 13) for every
-        model, so configuration alone adds Rec-Denoiser's pieces to any backbone:
+        The loss goes through ``self.objective`` (``objectives.build_objective``): one
+        ordinary forward pass (``PlainObjective``), or, when the configuration asks for
+        Rec-Denoiser's pieces on any backbone, ``DenoisingObjective`` (eq. 13):
         ``attention_operator: denoise`` masks are learned with the ARM / AR estimator, and
-        ``jacobian_gamma > 0`` adds the Jacobian regulariser (eq. 12).  Without either it
-        is one ordinary forward pass.
+        ``jacobian_gamma > 0`` adds the Jacobian regulariser (eq. 12).
         """
         return self.objective(self.encoder, lambda: self.training_pass(interaction))
 
@@ -157,7 +154,7 @@ class TransformerRecommender(SequentialRecommender):
         """One forward pass: the loss of each training sequence (summing to the batch
         mean) and, for the Jacobian regulariser, every block's input and output."""
         item_seq = interaction[self.ITEM_SEQ]
-        if self.objective.jacobian_gamma > 0:
+        if self.objective.needs_block_states:
             inputs, outputs = self.run_encoder(item_seq)
         else:
             inputs, outputs = (), [self.encode(item_seq)]
@@ -193,12 +190,7 @@ class TransformerRecommender(SequentialRecommender):
     def regularization_loss(self):
         """Sum of the ``regularization_loss()`` terms that encoder components define
         (e.g. a sparsity penalty of an attention operator); 0 when none does."""
-        terms = [
-            module.regularization_loss()
-            for module in self.encoder.modules()
-            if hasattr(module, "regularization_loss")
-        ]
-        return sum(terms) if terms else 0.0
+        return component_regularisation(self.encoder)
 
     def encode_distinct(self, item_seq: torch.Tensor, item_seq_len: torch.Tensor):
         """``forward`` once per distinct sequence of the batch, in evaluation mode.
@@ -234,7 +226,7 @@ class TransformerRecommender(SequentialRecommender):
         ``mask`` / ``keep_probability``: ``(heads, n, n)`` tensors (one head unless
         ``mask_per_head``), row = query, column = key, laid out as in the paper's
         left-padded sequences: index ``n - 1`` is the most recent item, whose row is the
-        one that predicts the next item (see ``layers.mask_alignment_index``); links the
+        one that predicts the next item (see ``denoising.mask_alignment_index``); links the
         causal mask forbids are 0.  ``pruned_fraction``: share of the allowed links that
         the inference mask removes; ``prediction_row_pruned_fraction`` the same for row
         ``n - 1`` (which past items the prediction may use).

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from recbole_freq.model.abstract_recommender import config_value
-from recbole_freq.model.layers import DenoisingPass
+from recbole_freq.model.objectives import DenoisingPass
 from recbole_freq.model.sequential_recommender.recdenoiser import DenoisingRecommender
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from recbole_freq.model.abstract_recommender import TransformerRecommender, config_value
+from recbole_freq.options import whole_number
 
 
 class BSARec(TransformerRecommender):
@@ -35,7 +36,7 @@ class BSARec(TransformerRecommender):
         settings = super().encoder_settings(config)
         settings.update(
             alpha=float(config["alpha"]),
-            c=_as_int(config["c"], "c"),
+            c=whole_number(config["c"], "c"),
             beta_type=config_value(config, "beta_type", "vector"),
             fusion_branches=("bsa",),
             fusion_weights=(1.0,),
@@ -46,8 +47,3 @@ class BSARec(TransformerRecommender):
         """Per layer, the learned high-frequency scale beta (Fig. 7a): D values or one."""
         return [block.mixer.rescaler.beta.detach().cpu() for block in self.encoder.blocks]
 
-
-def _as_int(value, name: str) -> int:
-    if isinstance(value, bool) or value is None or float(value) != int(float(value)):
-        raise ValueError(f"{name}={value!r} must be an integer")
-    return int(float(value))

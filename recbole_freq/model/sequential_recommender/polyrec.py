@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from recbole_freq.model.abstract_recommender import TransformerRecommender, config_value
-from recbole_freq.model.layers import ChebyshevAttention
+from recbole_freq.model.objectives import DenoisingObjective
+from recbole_freq.model.polynomial import ChebyshevAttention
+from recbole_freq.options import as_number
 
 
 class SameTargetSampler(nn.Module):
@@ -87,9 +89,9 @@ class PolyRec(TransformerRecommender):
     - embedding layer: eq. 1-2 (the core's ``Dropout(LayerNorm(E + P))``);
     - polynomial attention ``sum_k w_k T_k(A) V`` with Chebyshev ``T_k``, eq. 10-12:
       ``attention_operator: chebyshev`` (``poly_order`` K, ``poly_per_head``), see
-      ``layers.ChebyshevAttention``;
+      ``polynomial.ChebyshevAttention``;
     - truncated residual connection, eq. 13: ``residual: fourier_truncated``
-      (``trc_alpha``, ``trc_c``, ``trc_sublayers``), see ``layers.TruncatedResidual``;
+      (``trc_alpha``, ``trc_c``, ``trc_sublayers``), see ``polynomial.TruncatedResidual``;
     - prediction eq. 14 and cross-entropy over all items (eq. 15 names a binary
       cross-entropy but calls the loss cross-entropy on a softmax; we use the softmax
       CE as the core and DuoRec do);
@@ -110,6 +112,12 @@ class PolyRec(TransformerRecommender):
             config_value(config, "cl_temperature", 1.0), "cl_temperature", strict=True
         )
         super().__init__(config, dataset)
+        if cl_weight > 0 and isinstance(self.objective, DenoisingObjective):
+            raise ValueError(
+                "the denoising objective (attention_operator='denoise' or jacobian_gamma > "
+                "0) needs the loss of every sequence of a forward pass, and PolyRec's "
+                "contrastive loss mixes sequences of the batch; use cl_weight: 0 with it"
+            )
         self.cl_weight, self.cl_temperature = cl_weight, cl_temperature
         self.positive_sampler = None
         if self.cl_weight > 0:
@@ -222,10 +230,7 @@ def _batches(data) -> Iterable:
 
 
 def _non_negative(value, name: str, strict: bool = False) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = float("nan")
+    number = as_number(value)
     if isinstance(value, bool) or not (number > 0 if strict else number >= 0):
         bound = "> 0" if strict else ">= 0 (0 turns contrastive learning off)"
         raise ValueError(f"{name}={value!r} must be a number {bound}")

@@ -10,10 +10,8 @@ from recbole_freq.model.abstract_recommender import (
     component_options,
     config_value,
 )
-from recbole_freq.model.layers import (
-    ATTENTION_OPERATORS,
-)
-from recbole_freq.model.sequential_recommender.bsarec import _as_int
+from recbole_freq.model.encoder import ATTENTION_OPERATORS
+from recbole_freq.options import whole_number
 
 DENOISING_LOSSES = ("CE", "BPR", "BCE")
 
@@ -61,7 +59,7 @@ class DenoisingRecommender(TransformerRecommender):
         if self.token_mixer == "bsa":  # BSARec's beyond-self-attention layer, eq. 5-7
             settings.update(
                 alpha=float(config_value(config, "alpha", 0.9)),
-                c=_as_int(config_value(config, "c", 3), "c"),
+                c=whole_number(config_value(config, "c", 3), "c"),
                 beta_type=config_value(config, "beta_type", "vector"),
                 fusion_branches=("bsa",),
                 fusion_weights=(1.0,),
@@ -83,7 +81,7 @@ class RecDenoiser(DenoisingRecommender):
       random projections per block (eq. 12); total loss eq. 13;
     - prediction ``<F_t, T_i>`` at the last position; loss CE, BPR or BCE (eq. 4).
 
-    Which parameters get which gradients: see ``layers.DenoisingObjective``.  With all
+    Which parameters get which gradients: see ``objectives.DenoisingObjective``.  With all
     masks 1 (``Phi = +inf``) and ``sparsity_beta = jacobian_gamma = 0`` this is exactly
     SASRec (tests compare it with RecBole's SASRec on shared weights).
     """

@@ -1,0 +1,175 @@
+"""``build_encoder``: the one Transformer encoder core, assembled from configuration.
+
+Each paper contributes a piece and the registries below name them, so every combination
+is one config line away and no model file carries attention, LayerNorm or feed-forward
+code of its own:
+
+- ``TOKEN_MIXERS``: ``self_attention`` (SASRec-style blocks) or ``bsa`` (BSARec eq. 5);
+- ``ATTENTION_OPERATORS`` (``attention_operator``): queries, keys and values -> ``A V``
+  per head: ``softmax`` (BSARec eq. 1), ``chebyshev`` (PolyRec eq. 10-12), ``denoise``
+  (Rec-Denoiser eq. 5);
+- ``RESIDUAL_PATHS`` (``residual``): what closes every sub-layer: ``standard`` (BSARec
+  eq. 9) or ``fourier_truncated`` (PolyRec eq. 13).
+
+A component's ``config_keys`` are the config keys its factory reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from torch import nn
+
+from recbole_freq.model.denoising import DenoisingMaskAttention
+from recbole_freq.model.frequency import BeyondSelfAttentionMixer, FrequencyRescaler
+from recbole_freq.model.layers import (
+    FeedForward,
+    MultiHeadSelfAttention,
+    SelfAttentionMixer,
+    SoftmaxAttention,
+    StandardResidual,
+    TransformerBlock,
+    TransformerEncoder,
+)
+from recbole_freq.model.polynomial import ChebyshevAttention, fourier_truncated_residual
+
+
+@dataclass(frozen=True)
+class LayerContext:
+    """What a component factory may need to know about the layer it is built for."""
+
+    hidden_size: int
+    n_heads: int
+    max_seq_length: int
+    hidden_dropout_prob: float
+    attn_dropout_prob: float
+    layer_norm_eps: float
+    layer_index: int
+    sublayer: str = ""  # for residual paths: "attention", "filter" or "feed_forward"
+
+
+@dataclass(frozen=True)
+class Component:
+    """A configurable encoder piece: ``factory(context, **options)``, where the options are
+    the values of ``config_keys`` passed as keyword arguments of the same names (keys
+    absent from the config fall back to the factory's defaults)."""
+
+    factory: Callable[..., nn.Module]
+    config_keys: tuple[str, ...] = ()
+
+
+# Attention operators: (query, key, value, mask) -> A V, per head.
+ATTENTION_OPERATORS: dict[str, Component] = {
+    "softmax": Component(lambda ctx: SoftmaxAttention(ctx.attn_dropout_prob)),
+    "chebyshev": Component(
+        lambda ctx, poly_order=3, poly_per_head=False: ChebyshevAttention(
+            ctx.attn_dropout_prob, poly_order, ctx.n_heads, bool(poly_per_head)
+        ),
+        ("poly_order", "poly_per_head"),
+    ),
+    "denoise": Component(
+        lambda ctx, **options: DenoisingMaskAttention(
+            ctx.max_seq_length, ctx.n_heads, ctx.attn_dropout_prob, **options
+        ),
+        ("estimator", "sparsity_beta", "mask_per_head", "mask_sampling", "mask_init_prob"),
+    ),
+}
+
+# Residual paths: (sublayer_output, sublayer_input) -> next hidden states.
+RESIDUAL_PATHS: dict[str, Component] = {
+    "standard": Component(
+        lambda ctx: StandardResidual(ctx.hidden_size, ctx.hidden_dropout_prob, ctx.layer_norm_eps)
+    ),
+    "fourier_truncated": Component(
+        fourier_truncated_residual, ("trc_alpha", "trc_c", "trc_sublayers")
+    ),
+}
+
+TOKEN_MIXERS = ("self_attention", "bsa")
+
+
+def _lookup(registry: dict[str, Component], kind: str, name: str) -> Component:
+    if name not in registry:
+        raise ValueError(f"{kind}={name!r} is unknown; choose from {sorted(registry)}")
+    return registry[name]
+
+
+def build_encoder(
+    *,
+    n_layers: int,
+    hidden_size: int,
+    n_heads: int,
+    inner_size: int,
+    hidden_dropout_prob: float,
+    attn_dropout_prob: float,
+    hidden_act: str,
+    layer_norm_eps: float,
+    max_seq_length: int,
+    token_mixer: str = "self_attention",
+    attention_operator: str = "softmax",
+    operator_options: dict | None = None,
+    residual: str = "standard",
+    residual_options: dict | None = None,
+    alpha: float = 0.0,
+    c: int = 1,
+    beta_type: str = "vector",
+    fusion_branches: Sequence[str] | None = None,
+    fusion_weights: Sequence[float] | None = None,
+    learn_fusion_weights: bool = False,
+) -> TransformerEncoder:
+    """Assemble the encoder from configuration (the names are RecBole's config keys)."""
+    if n_layers < 1:
+        raise ValueError(f"n_layers={n_layers} must be at least 1")
+    if n_heads < 1:
+        raise ValueError(f"n_heads={n_heads} must be at least 1")
+    for name, prob in (
+        ("hidden_dropout_prob", hidden_dropout_prob),
+        ("attn_dropout_prob", attn_dropout_prob),
+    ):
+        if not 0.0 <= prob < 1.0:
+            raise ValueError(f"{name}={prob} must lie in [0, 1)")
+    if token_mixer not in TOKEN_MIXERS:
+        raise ValueError(
+            f"token_mixer={token_mixer!r} is unknown; choose from {list(TOKEN_MIXERS)}"
+        )
+    operator = _lookup(ATTENTION_OPERATORS, "attention_operator", attention_operator)
+    residual_path = _lookup(RESIDUAL_PATHS, "residual", residual)
+
+    blocks = []
+    for layer_index in range(n_layers):
+        context = LayerContext(
+            hidden_size,
+            n_heads,
+            max_seq_length,
+            hidden_dropout_prob,
+            attn_dropout_prob,
+            layer_norm_eps,
+            layer_index,
+        )
+
+        def residual_for(sublayer: str, context=context) -> nn.Module:
+            return residual_path.factory(
+                replace(context, sublayer=sublayer), **(residual_options or {})
+            )
+
+        attention = MultiHeadSelfAttention(
+            hidden_size,
+            n_heads,
+            operator.factory(context, **(operator_options or {})),
+            residual_for("attention"),
+        )
+        if token_mixer == "bsa":
+            rescaler = FrequencyRescaler(max_seq_length, c, hidden_size, beta_type)
+            mixer = BeyondSelfAttentionMixer(attention, rescaler, residual_for("filter"), alpha)
+        else:
+            mixer = SelfAttentionMixer(attention)
+        feed_forward = FeedForward(
+            hidden_size, inner_size, hidden_act, residual_for("feed_forward")
+        )
+        blocks.append(
+            TransformerBlock(
+                mixer, feed_forward, fusion_branches, fusion_weights, learn_fusion_weights
+            )
+        )
+    return TransformerEncoder(blocks)
