@@ -2,7 +2,7 @@
 
 import sys
 
-from recbole_freq.quick_start import main
+from recbole_freq.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

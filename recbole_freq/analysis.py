@@ -54,15 +54,13 @@ Definitions (``N`` = ``MAX_ITEM_LIST_LENGTH``; RecBole right-pads sequences):
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from recbole_freq.files import OutputWriteError, check_writable, write_atomic
+from recbole_freq.files import write_atomic
 
 MIN_SPECTRAL_LENGTH = 4
 DEFAULT_MAX_SEQUENCES = 512
@@ -539,7 +537,6 @@ def write_figures(results: list[dict], out: Path) -> list[str]:
 
 def analyse_checkpoint(path, data_path=None, max_sequences=DEFAULT_MAX_SEQUENCES, device="cpu"):
     """Load ``path`` safely, rebuild its dataset and analyse it on validation sequences."""
-    import sys
 
     from recbole_freq.checkpoint import describe_checkpoint, restore_model
 
@@ -561,77 +558,10 @@ def analyse_checkpoint(path, data_path=None, max_sequences=DEFAULT_MAX_SEQUENCES
     }
 
 
-def _labels(results: list[dict]) -> None:
+def label_results(results: list[dict]) -> None:
+    """Name each result by its model, or by its checkpoint where models repeat."""
     names = [r["model"] for r in results]
     for result in results:
         stem = Path(result["checkpoint"]).stem
         label = result["model"] if names.count(result["model"]) == 1 else stem
         result["label"] = label
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from recbole_freq.quick_start import CommandLineParser
-
-    parser = CommandLineParser(
-        prog="run_recbole_freq.py --analyze",
-        allow_abbrev=False,
-        description="Frequency analysis of trained checkpoints (figures + analysis.json).",
-    )
-    parser.add_argument("--analyze", nargs="+", required=True, metavar="CHECKPOINT")
-    parser.add_argument("--out", default=None, help="output folder (default analysis/<names>)")
-    parser.add_argument("--max_sequences", type=int, default=DEFAULT_MAX_SEQUENCES)
-    parser.add_argument(
-        "--data_path", default=None, help="folder holding <dataset>/ (default: the training run's)"
-    )
-    parser.add_argument("--device", default="cpu")
-    return parser
-
-
-def cli(argv: list[str]) -> int:
-    from recbole_freq.checkpoint import CheckpointError, UntrustedCheckpointError
-    from recbole_freq.quick_start import EXPECTED_ERRORS, report_error
-
-    args = build_parser().parse_args(argv)
-    out = Path(args.out or Path("analysis") / "_vs_".join(Path(p).stem for p in args.analyze))
-    try:
-        if args.max_sequences < 1:
-            raise ValueError(f"--max_sequences={args.max_sequences} must be >= 1")
-        check_writable(out, "--out")
-        results, skipped = [], []
-        for path in args.analyze:
-            try:
-                results.append(
-                    analyse_checkpoint(path, args.data_path, args.max_sequences, args.device)
-                )
-            except (*EXPECTED_ERRORS, CheckpointError, UntrustedCheckpointError) as error:
-                if len(args.analyze) == 1:
-                    raise
-                skipped.append((path, error))
-        if not results:
-            raise ValueError(
-                f"none of the {len(skipped)} checkpoints can be analysed; first: "
-                f"{skipped[0][0]}: {skipped[0][1]}"
-            )
-        if skipped:
-            # A batch never fails as a whole because of one checkpoint.
-            reasons = "; ".join(f"{path}: {error}" for path, error in skipped)
-            print(
-                f"warning: skipped {len(skipped)} of {len(args.analyze)} checkpoints: "
-                + " ".join(reasons.split()),
-                file=sys.stderr,
-            )
-    except (*EXPECTED_ERRORS, CheckpointError, UntrustedCheckpointError) as error:
-        return report_error(error)
-    _labels(results)
-    try:
-        figures = write_figures(results, out)
-        report = {
-            "definitions": "see recbole_freq/analysis.py",
-            "figures": figures,
-            "checkpoints": results,
-        }
-        write_atomic(out / "analysis.json", json.dumps(report, indent=1))
-    except OutputWriteError as error:
-        return report_error(error)
-    print(f"wrote {', '.join(figures)} and analysis.json to {out}")
-    return 0

@@ -20,7 +20,6 @@ were made with the same dataset, config files and overrides.  Outputs:
 
 from __future__ import annotations
 
-import argparse
 import ast
 import csv
 import hashlib
@@ -28,7 +27,6 @@ import io
 import json
 import math
 import os
-import shlex
 import time
 from pathlib import Path
 
@@ -727,81 +725,3 @@ def compare(
         "metrics": metrics,
         "baselines": [m for m in ordered if m in baselines],
     }
-
-
-# ---------------------------------------------------------------------------- CLI
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from recbole_freq.quick_start import DEFAULT_DATASET, CommandLineParser
-
-    parser = CommandLineParser(
-        prog="run_recbole_freq.py --compare",
-        allow_abbrev=False,
-        description="Compare models over several seeds on one dataset and protocol. Any "
-        "other --key=value is a RecBole config override applied to every run.",
-    )
-    parser.add_argument("--compare", required=True, help="models, comma-separated")
-    parser.add_argument("--dataset", "-d", default=DEFAULT_DATASET)
-    parser.add_argument(
-        "--seeds",
-        default=",".join(map(str, DEFAULT_SEEDS)),
-        help="comma-separated seeds (default 2024,2025,2026)",
-    )
-    parser.add_argument("--config_files", nargs="+", default=None, help="yaml files for every run")
-    parser.add_argument("--out", default=None, help="output folder (default comparisons/<dataset>)")
-    parser.add_argument(
-        "--baselines",
-        default=None,
-        help="models the Improv. row compares against (default: the RecBole built-ins)",
-    )
-    parser.add_argument(
-        "--metrics", default=None, help="test metrics to report (default hit/ndcg @5,10,20)"
-    )
-    parser.add_argument("--ray", action="store_true", help="run the trials as parallel Ray tasks")
-    parser.add_argument("--cpus_per_run", type=float, default=1.0, help="Ray CPUs per run")
-    parser.add_argument("--gpus_per_run", type=float, default=0.0, help="Ray GPUs per run")
-    parser.add_argument(
-        "--ray_address", default=None, help="Ray cluster to join (default RAY_ADDRESS or local)"
-    )
-    return parser
-
-
-def cli(argv: list[str]) -> int:
-    from recbole_freq.quick_start import (
-        EXPECTED_ERRORS,
-        RunInterrupted,
-        parse_overrides,
-        report_error,
-        split_config_files,
-    )
-
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    overrides = parse_overrides(extra, parser)
-    try:
-        result = compare(
-            args.compare,
-            args.dataset,
-            seeds=args.seeds,
-            config_files=split_config_files(args.config_files),
-            overrides=overrides,
-            out=args.out,
-            baselines=args.baselines,
-            metrics=args.metrics,
-            use_ray=args.ray,
-            cpus_per_run=args.cpus_per_run,
-            gpus_per_run=args.gpus_per_run,
-            ray_address=args.ray_address,
-        )
-    except EXPECTED_ERRORS as error:
-        return report_error(error)
-    except RunInterrupted as interrupt:
-        raise RunInterrupted(
-            f"{interrupt}. Continue with the same command (stored runs are skipped): "
-            f"python run_recbole_freq.py {shlex.join(argv)}"
-        ) from interrupt
-    print(result["markdown"])
-    for name, path in result["files"].items():
-        print(f"{name:<9} {path}")
-    return 0

@@ -1,17 +1,18 @@
-"""Train and evaluate one model on one dataset: the main job of ``run_recbole_freq.py``.
+"""The Python API: train and evaluate one model on one dataset.
 
-Plugin models and RecBole's built-ins run through the same path (same property files,
-split and evaluation), so a comparison is one ``--model`` flag apart.
+``run(model, dataset, config_files, config_dict, ...)`` is the plugin's counterpart of
+RecBole's ``run_recbole``; ``run_config`` does the same for a built ``FreqConfig`` and
+``resume_run`` continues an interrupted run.  Plugin models and RecBole's built-ins run
+through the same path (same property files, split and evaluation), so a comparison is
+one ``--model`` apart.  The command line (``recbole_freq.cli``) and the other jobs
+(search, comparison) call this module; it never imports them.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import json
 import logging
 import os
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -23,8 +24,8 @@ from recbole.utils import get_trainer, init_logger, init_seed
 
 from recbole_freq.checkpoint import weights_fingerprint
 from recbole_freq.compat import current_log_file, saved_state
-from recbole_freq.config import FreqConfig, UnknownModelError, get_model_class
-from recbole_freq.data import DatasetNotPreparedError, check_prepared, dataset_fingerprint
+from recbole_freq.config import FreqConfig, get_model_class
+from recbole_freq.data import check_prepared, dataset_fingerprint
 from recbole_freq.evaluation import use_full_sort_for_sampled_scoring
 from recbole_freq.files import OutputWriteError, check_writable, write_atomic
 from recbole_freq.memory import TrainingOutOfMemory, check_memory, longest_history
@@ -440,232 +441,3 @@ def _jsonable(value):
         return str(value)
 
 
-def format_summary(summary: dict) -> str:
-    """Readable end-of-run report: metrics table, epochs, time, files."""
-    valid, test = summary["best_valid_result"], summary["test_result"]
-    metrics = [m for m in REPORTED_METRICS if m in test] or list(test)
-    minutes, seconds = divmod(summary["total_seconds"], 60)
-    stop = "early stopping" if summary["stopped_early"] else "epoch budget reached"
-    lines = [
-        "=" * 60,
-        f"recbole-freq  {summary['model']} on {summary['dataset']}  (seed {summary['seed']}, "
-        f"{summary['device']})",
-        f"data: {summary['config'].get('data_path')} (sha256 "
-        f"{str(summary.get('dataset_sha256'))[:16]})",
-        f"epochs run: {summary['epochs_run']} ({stop}); best epoch: {summary['best_epoch']} "
-        f"by valid {summary['valid_metric']}",
-        f"time: {int(minutes)} min {seconds:.0f} s total, "
-        f"{summary['train_seconds_per_epoch']:.1f} s per training epoch; "
-        f"{summary['parameters']:,} parameters",
-        "",
-        f"{'metric':<10}{'valid (best)':>14}{'test':>10}",
-    ]
-    for metric in metrics:
-        valid_value = valid.get(metric)
-        valid_text = f"{valid_value:.4f}" if valid_value is not None else "-"
-        lines.append(f"{metric:<10}{valid_text:>14}{test[metric]:>10.4f}")
-    lines.append("")
-    lines.append(f"checkpoint: {summary['checkpoint']}")
-    if summary.get("summary_file"):
-        lines.append(f"summary:    {summary['summary_file']}")
-    lines.append("=" * 60)
-    return "\n".join(lines)
-
-
-def exit_code(error: BaseException) -> int:
-    """The one rule: an environment failure (a file or folder that cannot be written,
-    a device out of memory) exits 1; usage and input errors exit 2."""
-    return 1 if isinstance(error, (OutputWriteError, TrainingOutOfMemory)) else 2
-
-
-def report_error(error: BaseException) -> int:
-    """The command lines' answer to a failure: exactly one ``error:`` line on stderr;
-    returns the exit code (``exit_code``).  With ``RECBOLE_FREQ_DEBUG=1`` the error
-    propagates with its traceback instead."""
-    if os.environ.get("RECBOLE_FREQ_DEBUG"):
-        raise error
-    print("error: " + " ".join(str(error).split()), file=sys.stderr)
-    return exit_code(error)
-
-
-class UsageError(ValueError):
-    """Bad use of the command line (exit code 2)."""
-
-
-class CommandLineParser(argparse.ArgumentParser):
-    """``argparse`` whose errors follow the entry point's rule: one line, exit code 2
-    (argparse's own prints the usage block and exits itself)."""
-
-    def error(self, message):
-        raise UsageError(f"{message} (see {self.prog} --help)")
-
-
-MODES_HELP = """\
-jobs (one per call):
-  (default)                 train and test one model: --model, --dataset, overrides
-  --compare M1,M2 ...       train several models x seeds, tabulate them side by side
-                            (run the same command again to continue an interrupted one)
-  --hyper_file FILE         Ray Tune search over FILE's space (--resume --name to continue)
-  --analyze CKPT ...        frequency analysis of trained checkpoints
-  --recommend CKPT          top-k recommendations of a trained checkpoint
-  --resume FILE.resume.pth  continue an interrupted training run from its last epoch
-Each job has its own --help (e.g. --compare --help).
-
-common overrides (any RecBole or model setting, as --key=value):
-  --epochs=N --learning_rate=X --train_batch_size=N --MAX_ITEM_LIST_LENGTH=N
-  --hidden_size=N --n_layers=N --n_heads=N --seed=N --data_path=DIR
-  --checkpoint_dir=DIR --device=cpu|cuda --extra_test_modes="['uni100']"
-An unknown or misspelled key is an error; list your own keys under accept_unknown_keys.
-
-exit codes: 0 done, 1 an output could not be written, 2 bad usage or input,
-130 interrupted (the message says what was kept and how to continue).
-RECBOLE_FREQ_DEBUG=1 shows tracebacks.
-"""
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = CommandLineParser(
-        prog="run_recbole_freq.py",
-        # Prefix matching would read BSARec's --c=5 as --config_files.
-        allow_abbrev=False,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train and evaluate a recbole-freq or RecBole model. Any other "
-        "--key=value is a RecBole config override, as in RecBole's run_recbole.py.",
-        epilog=MODES_HELP,
-    )
-    parser.add_argument("--model", "-m", default=DEFAULT_MODEL, help="model name (default BSARec)")
-    parser.add_argument(
-        "--dataset",
-        "-d",
-        default=DEFAULT_DATASET,
-        help="dataset name (default ml-100k, bundled with RecBole)",
-    )
-    parser.add_argument(
-        "--config_files",
-        nargs="+",
-        default=None,
-        help="yaml files, later ones win (also one space-separated string, as in RecBole)",
-    )
-    parser.add_argument(
-        "--paper",
-        action="store_true",
-        help="add the paper's best settings for this model and dataset (BSARec Table 6)",
-    )
-    parser.add_argument(
-        "--resume",
-        metavar="FILE",
-        default=None,
-        help="continue the interrupted run whose resume state is FILE (<checkpoint>.resume.pth)",
-    )
-    return parser
-
-
-def split_config_files(files):
-    """``--config_files a.yaml b.yaml`` and RecBole's ``--config_files="a.yaml b.yaml"``."""
-    if not files:
-        return files
-    return [name for entry in files for name in entry.split()]
-
-
-def parse_overrides(extra: list[str], parser: argparse.ArgumentParser) -> dict:
-    overrides = {}
-    for arg in extra:
-        if not arg.startswith("--") or "=" not in arg:
-            parser.error(f"unrecognized argument {arg!r}: config overrides are written --key=value")
-        key, value = arg[2:].split("=", 1)
-        if key in overrides and overrides[key] != value:
-            parser.error(f"--{key} is given twice with different values")
-        overrides[key] = value
-    return overrides
-
-
-def _default_job_files(args) -> list[str]:
-    """With no model, dataset or config given, run the README's default job."""
-    from recbole_freq.config import properties_dir
-
-    if args.model == DEFAULT_MODEL and args.dataset == DEFAULT_DATASET and not args.config_files:
-        return [str(properties_dir() / "default_job.yaml")]
-    return args.config_files
-
-
-EXPECTED_ERRORS = (
-    UnknownModelError,
-    DatasetNotPreparedError,
-    FileNotFoundError,
-    ValueError,
-    OutputWriteError,
-    TrainingOutOfMemory,
-)
-
-
-# Other jobs of the same entry point: the flag that selects one -> module with cli(argv).
-SUBCOMMANDS = {
-    "--hyper_file": "recbole_freq.tune",
-    "--compare": "recbole_freq.compare",
-    "--analyze": "recbole_freq.analysis",
-    "--recommend": "recbole_freq.recommend",
-}
-
-
-def selected_subcommand(argv: list[str]) -> str | None:
-    chosen = {
-        flag for flag in SUBCOMMANDS for arg in argv if arg == flag or arg.startswith(flag + "=")
-    }
-    if len(chosen) > 1:
-        raise UsageError(f"{' and '.join(sorted(chosen))} are separate jobs; give one")
-    return chosen.pop() if chosen else None
-
-
-def report_interrupt(error: KeyboardInterrupt) -> int:
-    """Ctrl-C anywhere: one line saying what was kept and how to continue; exit 130."""
-    if os.environ.get("RECBOLE_FREQ_DEBUG"):
-        raise error
-    message = str(error) if isinstance(error, RunInterrupted) else "nothing was written"
-    print("interrupted: " + " ".join(message.split()), file=sys.stderr)
-    return 130
-
-
-def main(argv=None) -> int:
-    """The entry point: every job, one rule for failures (``exit_code``) and interrupts."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        subcommand = selected_subcommand(argv)
-        if subcommand:
-            module = importlib.import_module(SUBCOMMANDS[subcommand])
-            if "-h" in argv or "--help" in argv:
-                module.build_parser().print_help()
-                return 0
-            return module.cli(argv)
-        return _train_and_test(argv)
-    except KeyboardInterrupt as interrupt:
-        return report_interrupt(interrupt)
-    except UsageError as error:
-        return report_error(error)
-
-
-def _train_and_test(argv: list[str]) -> int:
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    overrides = parse_overrides(extra, parser)
-    try:
-        if args.resume:
-            if extra or args.config_files or args.paper:
-                raise UsageError(
-                    "--resume continues a run with its own settings; give no other settings"
-                )
-            summary = resume_run(args.resume)
-        else:
-            summary = run(
-                model=args.model,
-                dataset=args.dataset,
-                config_files=split_config_files(_default_job_files(args)),
-                cmd_overrides=overrides,
-                paper=args.paper,
-            )
-    except SummaryNotWrittenError as error:
-        print(format_summary(error.summary))
-        return report_error(error)
-    except EXPECTED_ERRORS as error:
-        return report_error(error)
-    print(format_summary(summary))
-    return 0

@@ -25,7 +25,6 @@ fewer are returned.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -37,8 +36,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from recbole.data.interaction import Interaction
-
-from recbole_freq.files import OutputWriteError, check_output_file, write_atomic
 
 CONTEXTS = ("next", "test")
 FORMATS = ("csv", "json")
@@ -320,94 +317,3 @@ def format_recommendations(dataset, tokens, items, scores, fmt: str, raw_ids=Non
         for rank, (item, score) in enumerate(zip(record["items"], record["scores"]), 1):
             writer.writerow([record["user"], rank, item, score])
     return buffer.getvalue()
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from recbole_freq.quick_start import CommandLineParser
-
-    parser = CommandLineParser(
-        prog="run_recbole_freq.py --recommend",
-        allow_abbrev=False,
-        description="Top-k recommendations of a trained checkpoint, in external tokens.",
-    )
-    parser.add_argument("--recommend", required=True, metavar="CHECKPOINT")
-    who = parser.add_mutually_exclusive_group(required=True)
-    who.add_argument("--users", help="comma-separated user tokens, or a file with one per line")
-    who.add_argument("--all_users", action="store_true", help="every user of the dataset")
-    parser.add_argument("--topk", type=int, default=10)
-    parser.add_argument(
-        "--format",
-        choices=FORMATS,
-        default=None,
-        help="default: csv, or json when --output ends in .json",
-    )
-    parser.add_argument("--output", default=None, help="file to write (atomically); default stdout")
-    parser.add_argument("--context", choices=CONTEXTS, default="next")
-    parser.add_argument(
-        "--keep_history", action="store_true", help="do not exclude the user's history items"
-    )
-    parser.add_argument(
-        "--data_path", default=None, help="folder holding <dataset>/ (default: the training run's)"
-    )
-    parser.add_argument(
-        "--ids",
-        choices=("auto", "raw", "tokens"),
-        default="auto",
-        help="raw: users in and ids out are the raw ids of a log that dataset_prep "
-        "re-mapped (through <dataset>.idmap.json); tokens: the .inter file's tokens; auto "
-        "(default): raw when the dataset has an id map",
-    )
-    parser.add_argument("--batch_size", type=int, default=512)
-    parser.add_argument("--device", default="cpu")
-    return parser
-
-
-def cli(argv: list[str]) -> int:
-    from recbole_freq.checkpoint import (
-        CheckpointError,
-        UntrustedCheckpointError,
-        describe_checkpoint,
-        restore_model,
-    )
-    from recbole_freq.quick_start import EXPECTED_ERRORS, report_error
-
-    args = build_parser().parse_args(argv)
-    fmt = args.format or ("json" if (args.output or "").endswith(".json") else "csv")
-    try:
-        if args.topk < 1 or args.batch_size < 1:
-            raise ValueError("--topk and --batch_size must be >= 1")
-        if args.output:
-            check_output_file(args.output, "--output")
-        model, config, dataset, loaders, checkpoint = restore_model(
-            args.recommend, args.data_path, args.device
-        )
-        print(describe_checkpoint(args.recommend, config, checkpoint), file=sys.stderr)
-        splits = [loader._dataset for loader in loaders]
-        raw_ids = load_raw_ids(config, dataset, args.ids)
-        if args.all_users:
-            tokens = [str(t) for t in dataset.field2id_token[dataset.uid_field][1:]]
-        else:
-            tokens = known_users(dataset, parse_user_tokens(args.users), raw_ids)
-        uids = user_ids(dataset, tokens)
-        items, scores = recommend(
-            model,
-            splits,
-            uids,
-            args.topk,
-            args.context,
-            not args.keep_history,
-            args.batch_size,
-            progress=True,
-        )
-        text = format_recommendations(dataset, tokens, items, scores, fmt, raw_ids)
-    except (*EXPECTED_ERRORS, CheckpointError, UntrustedCheckpointError) as error:
-        return report_error(error)
-    if args.output:
-        try:
-            write_atomic(args.output, text)
-        except OutputWriteError as error:
-            return report_error(error)
-        print(f"wrote {len(tokens)} users' top-{args.topk} to {args.output}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
-    return 0

@@ -24,7 +24,6 @@ Outputs, in ``<storage_path>/<name>/``: ``trials.csv``, ``trials.md`` (ranked ta
 
 from __future__ import annotations
 
-import argparse
 import ast
 import csv
 import difflib
@@ -34,7 +33,6 @@ import math
 import os
 import random
 import re
-import shlex
 import socket
 import sys
 import time
@@ -944,121 +942,9 @@ def _write_outputs(summary, experiment_dir: Path, names, job, config_dict, cmd_o
     return summary
 
 
-# --------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from recbole_freq.quick_start import CommandLineParser
-
-    parser = CommandLineParser(
-        prog="run_recbole_freq.py --hyper_file",
-        allow_abbrev=False,
-        description="Hyperparameter search with Ray Tune over a RecBole hyper file. Any "
-        "other --key=value is a RecBole setting fixed for every trial (e.g. --epochs=50).",
-    )
-    parser.add_argument("--model", "-m", default="BSARec")
-    parser.add_argument("--dataset", "-d", default="ml-100k")
-    parser.add_argument("--config_files", nargs="+", default=None)
-    parser.add_argument("--paper", action="store_true", help="start from the paper settings")
-    parser.add_argument("--hyper_file", required=True, help="RecBole hyper file (search space)")
-    parser.add_argument(
-        "--search",
-        choices=SEARCHES,
-        default=None,
-        help="default: grid for a discrete space without --num_samples, else random",
-    )
-    parser.add_argument("--num_samples", type=int, default=None, help="trials of a sampled search")
-    parser.add_argument("--scheduler", choices=("asha", "none"), default="asha")
-    parser.add_argument(
-        "--grace_period", type=int, default=1, help="validation rounds before ASHA may stop a trial"
-    )
-    parser.add_argument("--cpus_per_trial", type=float, default=1.0)
-    parser.add_argument("--gpus_per_trial", type=float, default=0.0)
-    parser.add_argument("--max_concurrent", type=int, default=None)
-    parser.add_argument("--storage_path", default="ray_results")
-    parser.add_argument("--name", default=None, help="experiment name (default model-dataset-time)")
-    parser.add_argument("--resume", action="store_true", help="continue the search --name")
-    parser.add_argument("--ray_address", default=None, help="existing cluster (else RAY_ADDRESS)")
-    parser.add_argument("--num_cpus", type=int, default=None, help="CPUs of a local Ray")
-    parser.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2, 3))
-    return parser
-
-
 def default_search_name(model: str, dataset: str) -> str:
     """``<model>-<dataset>-<time>``: the experiment folder of a search given no --name."""
     return f"{model}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def _resume_argv(argv: list[str], name: str) -> list[str]:
-    """The same command with ``--resume --name <name>`` (the name the search used)."""
-    kept, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg in ("--resume",):
-            continue
-        if arg == "--name":
-            skip = True
-            continue
-        if arg.startswith("--name="):
-            continue
-        kept.append(arg)
-    return [*kept, "--resume", "--name", name]
-
-
-def cli(argv: list[str]) -> int:
-    """``run_recbole_freq.py --hyper_file ...``: run a search, print the ranked trials."""
-    from recbole_freq.quick_start import (
-        EXPECTED_ERRORS,
-        RunInterrupted,
-        parse_overrides,
-        report_error,
-        split_config_files,
-    )
-
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    overrides = parse_overrides(extra, parser)
-    # Named here, so that an interrupt can name the search to resume.
-    name = args.name or default_search_name(args.model, args.dataset)
-    try:
-        summary = tune_model(
-            args.model,
-            args.dataset,
-            args.hyper_file,
-            config_files=split_config_files(args.config_files),
-            cmd_overrides=overrides,
-            paper=args.paper,
-            search=args.search,
-            num_samples=args.num_samples,
-            scheduler=args.scheduler,
-            grace_period=args.grace_period,
-            cpus_per_trial=args.cpus_per_trial,
-            gpus_per_trial=args.gpus_per_trial,
-            max_concurrent=args.max_concurrent,
-            storage_path=args.storage_path,
-            name=name,
-            resume=args.resume,
-            ray_address=args.ray_address,
-            num_cpus=args.num_cpus,
-            verbose=args.verbose,
-        )
-    except (*EXPECTED_ERRORS, TrialsFailedError) as error:
-        code = report_error(error)
-        return 1 if isinstance(error, TrialsFailedError) else code
-    except KeyboardInterrupt as interrupt:
-        raise RunInterrupted(
-            f"{interrupt if isinstance(interrupt, RunInterrupted) else 'the search stopped'}. "
-            "Continue with: python run_recbole_freq.py " + shlex.join(_resume_argv(argv, name))
-        ) from interrupt
-    print(summary["table"])
-    print()
-    print(f"best configuration: {summary['best_yaml']}")
-    print(f"all trials:         {summary['trials_csv']}")
-    return 0
 
 
 __all__ = [
@@ -1066,7 +952,6 @@ __all__ = [
     "HyperParam",
     "TrialsFailedError",
     "TuneSetupError",
-    "cli",
     "parse_hyper_file",
     "parse_hyper_lines",
     "rank_trials",

@@ -17,9 +17,10 @@ from recbole_freq.analysis import (
     valid_positions,
 )
 from recbole_freq.checkpoint import restore_model
+from recbole_freq.cli import main
 from recbole_freq.model.frequency import low_pass_projector
 from recbole_freq.model.layers import build_attention_mask
-from recbole_freq.quick_start import main, run
+from recbole_freq.quick_start import run
 
 N = 12
 

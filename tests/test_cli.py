@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from conftest import REPO_ROOT
+from recbole_freq.cli import main
 from recbole_freq.config import FreqConfig, property_files
-from recbole_freq.quick_start import main
 
 
 def cli_args(config: dict) -> list[str]:
@@ -170,3 +170,50 @@ def test_config_files_as_one_space_separated_string(tiny_data, tmp_path, capsys)
     summary_file = next(line for line in out.splitlines() if line.startswith("summary:"))
     config = json.loads(open(summary_file.split(None, 1)[1]).read())["config"]
     assert (config["epochs"], config["n_layers"], config["n_heads"]) == (1, 1, 1)
+
+
+def test_jobs_and_the_python_api_never_import_the_command_line():
+    """The command line sits on top: it imports the jobs, no job or API module imports it
+    (so following argv never loops back, and a job is usable from Python alone)."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "recbole_freq"
+    offenders = []
+    for path in package.rglob("*.py"):
+        relative = path.relative_to(package)
+        if relative.parts[0] in ("cli", "__main__.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            if any(
+                name == "recbole_freq.cli" or name.startswith("recbole_freq.cli.") for name in names
+            ):
+                offenders.append(str(relative))
+    assert offenders == []
+
+
+def test_python_dash_m_runs_the_same_command_line():
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "recbole_freq", "--compare", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "run_recbole_freq.py --compare" in done.stdout
+    done = subprocess.run(
+        [sys.executable, "-m", "recbole_freq", "--compare", "A", "--hyper_file", "x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr == "error: --compare and --hyper_file are separate jobs; give one\n"

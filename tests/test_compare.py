@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from scipy.stats import ttest_rel
 
+from recbole_freq.cli import main
 from recbole_freq.compare import (
     ComparisonError,
     _check_ray_resources,
@@ -17,7 +18,6 @@ from recbole_freq.compare import (
     paired_p_value,
     summarise,
 )
-from recbole_freq.quick_start import main
 
 METRICS = ["hit@5", "hit@10", "hit@20", "ndcg@5", "ndcg@10", "ndcg@20"]
 

@@ -10,8 +10,8 @@ import torch
 
 from recbole_freq import files
 from recbole_freq.checkpoint import load_checkpoint
+from recbole_freq.cli import main
 from recbole_freq.files import OutputPathError, OutputWriteError, check_writable, write_atomic
-from recbole_freq.quick_start import main
 
 
 class DiskFullAfter:

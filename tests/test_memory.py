@@ -9,6 +9,7 @@ from recbole.data import create_dataset
 from test_cli import cli_args
 
 from recbole_freq import memory
+from recbole_freq.cli import main
 from recbole_freq.config import FreqConfig
 from recbole_freq.memory import (
     COEFFICIENTS,
@@ -20,7 +21,6 @@ from recbole_freq.memory import (
     longest_history,
     step_shape,
 )
-from recbole_freq.quick_start import main
 
 SHAPE = StepShape(
     batch=64, length=100, hidden=64, inner=256, heads=2, layers=2, items=1000, scored=1

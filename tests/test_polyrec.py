@@ -13,6 +13,7 @@ from recbole.data import create_dataset, data_preparation
 from recbole.trainer import Trainer
 from recbole.utils import init_seed
 
+from recbole_freq.cli import main
 from recbole_freq.config import FreqConfig
 from recbole_freq.model import PolyRec
 from recbole_freq.model.layers import (
@@ -23,7 +24,7 @@ from recbole_freq.model.layers import (
 )
 from recbole_freq.model.polynomial import ChebyshevAttention, TruncatedResidual, chebyshev_terms
 from recbole_freq.model.sequential_recommender.polyrec import SameTargetSampler
-from recbole_freq.quick_start import REPORTED_METRICS, main, run
+from recbole_freq.quick_start import REPORTED_METRICS, run
 
 
 def random_attention_inputs(batch=3, heads=2, seq_len=7, head_size=4, seed=0):

@@ -21,7 +21,8 @@ from recbole_freq.checkpoint import (
     load_checkpoint,
     restore_model,
 )
-from recbole_freq.quick_start import main, run
+from recbole_freq.cli import main
+from recbole_freq.quick_start import run
 from recbole_freq.recommend import recommend, user_ids
 
 K = 5

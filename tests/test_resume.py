@@ -7,8 +7,9 @@ import pytest
 
 import recbole_freq.resume as resume_module
 from conftest import without_transformer_settings
+from recbole_freq.cli import main
 from recbole_freq.compare import compare
-from recbole_freq.quick_start import RunInterrupted, main, resume_run, run
+from recbole_freq.quick_start import RunInterrupted, resume_run, run
 
 
 def interrupt_at_epoch(monkeypatch, epoch: int):

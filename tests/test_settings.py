@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from conftest import SMALL_MODEL
+from recbole_freq.cli import main
 from recbole_freq.config import ConfigFileError, FreqConfig, properties_dir
-from recbole_freq.quick_start import main
 from recbole_freq.settings import (
     UnknownSettingError,
     common_keys,

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from conftest import SMALL_MODEL
+from recbole_freq.cli import main
 from recbole_freq.config import FreqConfig, properties_dir
-from recbole_freq.quick_start import main, run
+from recbole_freq.quick_start import run
 from recbole_freq.tune import (
     HyperFileError,
     TuneSetupError,

@@ -16,7 +16,8 @@ import torch
 from recbole.quick_start import load_data_and_model
 
 from recbole_freq.checkpoint import UntrustedCheckpointError, load_checkpoint
-from recbole_freq.quick_start import main, run
+from recbole_freq.cli import main
+from recbole_freq.quick_start import run
 
 
 class Payload:

@@ -1,0 +1,58 @@
+"""The command line: ``run_recbole_freq.py``, ``python -m recbole_freq`` and the installed
+``recbole-freq`` command all call ``main``.
+
+``main`` picks the job from its flag, imports that job's command-line module (each a thin
+layer over the job's Python API, which never imports the command line) and applies one
+rule to every failure (``common.exit_code``) and interrupt (exit code 130).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from recbole_freq.cli.common import UsageError, report_error, report_interrupt
+
+# The flag that selects a job other than training -> the job's command-line module.
+JOBS = ("--hyper_file", "--compare", "--analyze", "--recommend")
+
+
+def selected_job(argv: list[str]) -> str | None:
+    chosen = {flag for flag in JOBS for arg in argv if arg == flag or arg.startswith(flag + "=")}
+    if len(chosen) > 1:
+        raise UsageError(f"{' and '.join(sorted(chosen))} are separate jobs; give one")
+    return chosen.pop() if chosen else None
+
+
+def job_module(flag: str | None):
+    """The command-line module of the job ``flag`` selects (imported only when used: the
+    search pulls in Ray, the analysis matplotlib)."""
+    if flag == "--hyper_file":
+        from recbole_freq.cli import tune as job
+    elif flag == "--compare":
+        from recbole_freq.cli import compare as job
+    elif flag == "--analyze":
+        from recbole_freq.cli import analyze as job
+    elif flag == "--recommend":
+        from recbole_freq.cli import recommend as job
+    else:
+        from recbole_freq.cli import train as job
+    return job
+
+
+def main(argv=None) -> int:
+    """The entry point: every job, one rule for failures (``exit_code``) and interrupts."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        flag = selected_job(argv)
+        job = job_module(flag)
+        if flag and ("-h" in argv or "--help" in argv):
+            job.build_parser().print_help()
+            return 0
+        return job.cli(argv)
+    except KeyboardInterrupt as interrupt:
+        return report_interrupt(interrupt)
+    except UsageError as error:
+        return report_error(error)
+
+
+__all__ = ["main", "selected_job", "job_module", "report_error"]

@@ -1,0 +1,84 @@
+"""``run_recbole_freq.py --analyze CKPT ...``: frequency analysis of trained checkpoints
+(``recbole_freq.analysis``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from recbole_freq.analysis import (
+    DEFAULT_MAX_SEQUENCES,
+    analyse_checkpoint,
+    label_results,
+    write_figures,
+)
+from recbole_freq.checkpoint import CheckpointError, UntrustedCheckpointError
+from recbole_freq.cli.common import EXPECTED_ERRORS, CommandLineParser, report_error
+from recbole_freq.files import OutputWriteError, check_writable, write_atomic
+
+
+def build_parser() -> argparse.ArgumentParser:
+
+    parser = CommandLineParser(
+        prog="run_recbole_freq.py --analyze",
+        allow_abbrev=False,
+        description="Frequency analysis of trained checkpoints (figures + analysis.json).",
+    )
+    parser.add_argument("--analyze", nargs="+", required=True, metavar="CHECKPOINT")
+    parser.add_argument("--out", default=None, help="output folder (default analysis/<names>)")
+    parser.add_argument("--max_sequences", type=int, default=DEFAULT_MAX_SEQUENCES)
+    parser.add_argument(
+        "--data_path", default=None, help="folder holding <dataset>/ (default: the training run's)"
+    )
+    parser.add_argument("--device", default="cpu")
+    return parser
+
+
+def cli(argv: list[str]) -> int:
+
+    args = build_parser().parse_args(argv)
+    out = Path(args.out or Path("analysis") / "_vs_".join(Path(p).stem for p in args.analyze))
+    try:
+        if args.max_sequences < 1:
+            raise ValueError(f"--max_sequences={args.max_sequences} must be >= 1")
+        check_writable(out, "--out")
+        results, skipped = [], []
+        for path in args.analyze:
+            try:
+                results.append(
+                    analyse_checkpoint(path, args.data_path, args.max_sequences, args.device)
+                )
+            except (*EXPECTED_ERRORS, CheckpointError, UntrustedCheckpointError) as error:
+                if len(args.analyze) == 1:
+                    raise
+                skipped.append((path, error))
+        if not results:
+            raise ValueError(
+                f"none of the {len(skipped)} checkpoints can be analysed; first: "
+                f"{skipped[0][0]}: {skipped[0][1]}"
+            )
+        if skipped:
+            # A batch never fails as a whole because of one checkpoint.
+            reasons = "; ".join(f"{path}: {error}" for path, error in skipped)
+            print(
+                f"warning: skipped {len(skipped)} of {len(args.analyze)} checkpoints: "
+                + " ".join(reasons.split()),
+                file=sys.stderr,
+            )
+    except (*EXPECTED_ERRORS, CheckpointError, UntrustedCheckpointError) as error:
+        return report_error(error)
+    label_results(results)
+    try:
+        figures = write_figures(results, out)
+        report = {
+            "definitions": "see recbole_freq/analysis.py",
+            "figures": figures,
+            "checkpoints": results,
+        }
+        write_atomic(out / "analysis.json", json.dumps(report, indent=1))
+    except OutputWriteError as error:
+        return report_error(error)
+    print(f"wrote {', '.join(figures)} and analysis.json to {out}")
+    return 0

@@ -1,0 +1,85 @@
+"""What every job of the command line shares: one parser rule, one error reporter, one
+interrupt reporter, one set of exit codes.
+
+- ``exit_code``: 0 done, 1 an output could not be written or the device ran out of
+  memory, 2 bad usage or input, 130 interrupted;
+- ``report_error`` / ``report_interrupt``: exactly one line on stderr
+  (``RECBOLE_FREQ_DEBUG=1`` re-raises with the traceback);
+- ``CommandLineParser``: argparse whose errors follow the same rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from recbole_freq.config import UnknownModelError
+from recbole_freq.data import DatasetNotPreparedError
+from recbole_freq.files import OutputWriteError
+from recbole_freq.memory import TrainingOutOfMemory
+from recbole_freq.quick_start import RunInterrupted
+
+EXPECTED_ERRORS = (
+    UnknownModelError,
+    DatasetNotPreparedError,
+    FileNotFoundError,
+    ValueError,
+    OutputWriteError,
+    TrainingOutOfMemory,
+)
+
+
+def exit_code(error: BaseException) -> int:
+    """The one rule: an environment failure (a file or folder that cannot be written,
+    a device out of memory) exits 1; usage and input errors exit 2."""
+    return 1 if isinstance(error, (OutputWriteError, TrainingOutOfMemory)) else 2
+
+
+def report_error(error: BaseException) -> int:
+    """The command lines' answer to a failure: exactly one ``error:`` line on stderr;
+    returns the exit code (``exit_code``).  With ``RECBOLE_FREQ_DEBUG=1`` the error
+    propagates with its traceback instead."""
+    if os.environ.get("RECBOLE_FREQ_DEBUG"):
+        raise error
+    print("error: " + " ".join(str(error).split()), file=sys.stderr)
+    return exit_code(error)
+
+
+class UsageError(ValueError):
+    """Bad use of the command line (exit code 2)."""
+
+class CommandLineParser(argparse.ArgumentParser):
+    """``argparse`` whose errors follow the entry point's rule: one line, exit code 2
+    (argparse's own prints the usage block and exits itself)."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def split_config_files(files):
+    """``--config_files a.yaml b.yaml`` and RecBole's ``--config_files="a.yaml b.yaml"``."""
+    if not files:
+        return files
+    return [name for entry in files for name in entry.split()]
+
+
+def parse_overrides(extra: list[str], parser: argparse.ArgumentParser) -> dict:
+    overrides = {}
+    for arg in extra:
+        if not arg.startswith("--") or "=" not in arg:
+            parser.error(f"unrecognized argument {arg!r}: config overrides are written --key=value")
+        key, value = arg[2:].split("=", 1)
+        if key in overrides and overrides[key] != value:
+            parser.error(f"--{key} is given twice with different values")
+        overrides[key] = value
+    return overrides
+
+
+def report_interrupt(error: KeyboardInterrupt) -> int:
+    """Ctrl-C anywhere: one line saying what was kept and how to continue; exit 130."""
+    if os.environ.get("RECBOLE_FREQ_DEBUG"):
+        raise error
+    message = str(error) if isinstance(error, RunInterrupted) else "nothing was written"
+    print("interrupted: " + " ".join(message.split()), file=sys.stderr)
+    return 130

@@ -1,0 +1,152 @@
+"""The main job: train and test one model (``run_recbole_freq.py --model ... --dataset ...``)
+or continue an interrupted run (``--resume``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from recbole_freq.cli.common import (
+    EXPECTED_ERRORS,
+    CommandLineParser,
+    UsageError,
+    parse_overrides,
+    report_error,
+    split_config_files,
+)
+from recbole_freq.quick_start import (
+    DEFAULT_DATASET,
+    DEFAULT_MODEL,
+    REPORTED_METRICS,
+    SummaryNotWrittenError,
+    resume_run,
+    run,
+)
+
+MODES_HELP = """\
+jobs (one per call):
+  (default)                 train and test one model: --model, --dataset, overrides
+  --compare M1,M2 ...       train several models x seeds, tabulate them side by side
+                            (run the same command again to continue an interrupted one)
+  --hyper_file FILE         Ray Tune search over FILE's space (--resume --name to continue)
+  --analyze CKPT ...        frequency analysis of trained checkpoints
+  --recommend CKPT          top-k recommendations of a trained checkpoint
+  --resume FILE.resume.pth  continue an interrupted training run from its last epoch
+Each job has its own --help (e.g. --compare --help).
+
+common overrides (any RecBole or model setting, as --key=value):
+  --epochs=N --learning_rate=X --train_batch_size=N --MAX_ITEM_LIST_LENGTH=N
+  --hidden_size=N --n_layers=N --n_heads=N --seed=N --data_path=DIR
+  --checkpoint_dir=DIR --device=cpu|cuda --extra_test_modes="['uni100']"
+An unknown or misspelled key is an error; list your own keys under accept_unknown_keys.
+
+exit codes: 0 done, 1 an output could not be written, 2 bad usage or input,
+130 interrupted (the message says what was kept and how to continue).
+RECBOLE_FREQ_DEBUG=1 shows tracebacks.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = CommandLineParser(
+        prog="run_recbole_freq.py",
+        # Prefix matching would read BSARec's --c=5 as --config_files.
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train and evaluate a recbole-freq or RecBole model. Any other "
+        "--key=value is a RecBole config override, as in RecBole's run_recbole.py.",
+        epilog=MODES_HELP,
+    )
+    parser.add_argument("--model", "-m", default=DEFAULT_MODEL, help="model name (default BSARec)")
+    parser.add_argument(
+        "--dataset",
+        "-d",
+        default=DEFAULT_DATASET,
+        help="dataset name (default ml-100k, bundled with RecBole)",
+    )
+    parser.add_argument(
+        "--config_files",
+        nargs="+",
+        default=None,
+        help="yaml files, later ones win (also one space-separated string, as in RecBole)",
+    )
+    parser.add_argument(
+        "--paper",
+        action="store_true",
+        help="add the paper's best settings for this model and dataset (BSARec Table 6)",
+    )
+    parser.add_argument(
+        "--resume",
+        metavar="FILE",
+        default=None,
+        help="continue the interrupted run whose resume state is FILE (<checkpoint>.resume.pth)",
+    )
+    return parser
+
+
+def _default_job_files(args) -> list[str]:
+    """With no model, dataset or config given, run the README's default job."""
+    from recbole_freq.config import properties_dir
+
+    if args.model == DEFAULT_MODEL and args.dataset == DEFAULT_DATASET and not args.config_files:
+        return [str(properties_dir() / "default_job.yaml")]
+    return args.config_files
+
+
+def format_summary(summary: dict) -> str:
+    """Readable end-of-run report: metrics table, epochs, time, files."""
+    valid, test = summary["best_valid_result"], summary["test_result"]
+    metrics = [m for m in REPORTED_METRICS if m in test] or list(test)
+    minutes, seconds = divmod(summary["total_seconds"], 60)
+    stop = "early stopping" if summary["stopped_early"] else "epoch budget reached"
+    lines = [
+        "=" * 60,
+        f"recbole-freq  {summary['model']} on {summary['dataset']}  (seed {summary['seed']}, "
+        f"{summary['device']})",
+        f"data: {summary['config'].get('data_path')} (sha256 "
+        f"{str(summary.get('dataset_sha256'))[:16]})",
+        f"epochs run: {summary['epochs_run']} ({stop}); best epoch: {summary['best_epoch']} "
+        f"by valid {summary['valid_metric']}",
+        f"time: {int(minutes)} min {seconds:.0f} s total, "
+        f"{summary['train_seconds_per_epoch']:.1f} s per training epoch; "
+        f"{summary['parameters']:,} parameters",
+        "",
+        f"{'metric':<10}{'valid (best)':>14}{'test':>10}",
+    ]
+    for metric in metrics:
+        valid_value = valid.get(metric)
+        valid_text = f"{valid_value:.4f}" if valid_value is not None else "-"
+        lines.append(f"{metric:<10}{valid_text:>14}{test[metric]:>10.4f}")
+    lines.append("")
+    lines.append(f"checkpoint: {summary['checkpoint']}")
+    if summary.get("summary_file"):
+        lines.append(f"summary:    {summary['summary_file']}")
+    lines.append("=" * 60)
+    return "\n".join(lines)
+
+
+def cli(argv: list[str]) -> int:
+    """Train and test one model, or ``--resume`` one; print the summary."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    overrides = parse_overrides(extra, parser)
+    try:
+        if args.resume:
+            if extra or args.config_files or args.paper:
+                raise UsageError(
+                    "--resume continues a run with its own settings; give no other settings"
+                )
+            summary = resume_run(args.resume)
+        else:
+            summary = run(
+                model=args.model,
+                dataset=args.dataset,
+                config_files=split_config_files(_default_job_files(args)),
+                cmd_overrides=overrides,
+                paper=args.paper,
+            )
+    except SummaryNotWrittenError as error:
+        print(format_summary(error.summary))
+        return report_error(error)
+    except EXPECTED_ERRORS as error:
+        return report_error(error)
+    print(format_summary(summary))
+    return 0
