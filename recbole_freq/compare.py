@@ -32,9 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from recbole_freq.files import check_writable, write_atomic
+from recbole_freq.files import check_writable, plain_value, write_atomic
 from recbole_freq.model import MODELS
 from recbole_freq.quick_start import extra_test_modes
+from recbole_freq.ray_cluster import check_resources, import_ray, start_or_join
 
 DEFAULT_SEEDS = (2024, 2025, 2026)
 DEFAULT_METRICS = tuple(f"{name}@{k}" for name in ("hit", "ndcg") for k in (5, 10, 20))
@@ -66,7 +67,7 @@ def _normalise_value(value):
             value = ast.literal_eval(value)
         except (ValueError, SyntaxError):
             return value
-    return json.loads(json.dumps(value, default=str))
+    return plain_value(value)
 
 
 def _file_digest(path: str) -> str:
@@ -226,17 +227,8 @@ def _run_sequential(jobs, dataset, config_files, overrides, out, settings, log, 
 
 
 def _run_on_ray(jobs, dataset, config_files, overrides, out, settings, log, ray_options, models):
-    try:
-        import ray
-    except ImportError as error:
-        raise ComparisonError(
-            "--ray needs Ray: pip install 'ray[default]' (or run without --ray)"
-        ) from error
-    started_here = not ray.is_initialized()
-    if started_here:
-        # address None: RAY_ADDRESS if set, else a local Ray instance on this machine.
-        # Worker output stays in the per-run RecBole logs (log/) instead of the console.
-        ray.init(address=ray_options.get("address"), include_dashboard=False, log_to_driver=False)
+    ray = import_ray("--ray", "ray[default]", ComparisonError)
+    started_here = start_or_join(ray, ray_options.get("address"), error=ComparisonError)
     try:
         _check_ray_resources(ray.cluster_resources(), ray_options, started_here, log)
     except ComparisonError:
@@ -289,19 +281,14 @@ def _run_on_ray(jobs, dataset, config_files, overrides, out, settings, log, ray_
 
 
 def _check_ray_resources(resources: dict, ray_options: dict, started_here: bool, log) -> None:
-    """A task asking for more than the cluster has waits forever: refuse it on a local
-    instance; only warn on a cluster, whose autoscaler may still add nodes."""
-    for name, key in (("CPU", "cpus_per_run"), ("GPU", "gpus_per_run")):
-        wanted, total = ray_options.get(key, 0.0), resources.get(name, 0.0)
-        if wanted > total:
-            message = (
-                f"--{key}={wanted:g} but the Ray cluster has {total:g} {name}(s): the runs "
-                "would wait forever"
-            )
-            local = not (ray_options.get("address") or os.environ.get("RAY_ADDRESS"))
-            if started_here and local:
-                raise ComparisonError(message + f"; lower --{key}")
-            log("warning: " + message + " unless the cluster grows")
+    """A run asking for more than the cluster has waits forever: refused on a local
+    instance, a warning on a cluster (``ray_cluster.check_resources``)."""
+    wanted = {
+        "CPU": (ray_options.get("cpus_per_run", 0.0), "cpus_per_run"),
+        "GPU": (ray_options.get("gpus_per_run", 0.0), "gpus_per_run"),
+    }
+    local = not (ray_options.get("address") or os.environ.get("RAY_ADDRESS"))
+    check_resources(resources, wanted, started_here, local, log, error=ComparisonError)
 
 
 def _headline(summary: dict) -> str:

@@ -32,6 +32,7 @@ from typing import BinaryIO
 from dataset_prep.atomic import remove_stale_temporaries, temporary_name
 
 __all__ = [
+    "plain_value",
     "remove_stale_temporaries",
     "OutputPathError",
     "OutputWriteError",
@@ -178,3 +179,20 @@ def check_output_file(path: str | os.PathLike, what: str) -> Path:
         raise OutputPathError(f"{what} {target} is a folder; name a file to write instead")
     check_writable(target.parent, f"the folder of {what}")
     return target
+
+
+def plain_value(value):
+    """``value`` as plain Python for JSON, YAML and CSV: NumPy / torch / Ray scalars become
+    numbers, tuples lists, dict keys strings, and anything else its ``str``."""
+    if hasattr(value, "item") and not isinstance(value, (str, list, tuple, dict)):
+        try:  # NumPy's float64 is a float, but YAML refuses it: convert it first
+            value = value.item()
+        except (TypeError, ValueError, RuntimeError):
+            return str(value)
+    if isinstance(value, (str, bool, int, float)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [plain_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain_value(v) for k, v in value.items()}
+    return str(value)

@@ -27,7 +27,7 @@ from recbole_freq.compat import current_log_file, saved_state
 from recbole_freq.config import FreqConfig, get_model_class
 from recbole_freq.data import check_prepared, dataset_fingerprint
 from recbole_freq.evaluation import use_full_sort_for_sampled_scoring
-from recbole_freq.files import OutputWriteError, check_writable, write_atomic
+from recbole_freq.files import OutputWriteError, check_writable, plain_value, write_atomic
 from recbole_freq.memory import TrainingOutOfMemory, check_memory, longest_history
 from recbole_freq.noise import corrupt_training_data
 from recbole_freq.resume import (
@@ -209,7 +209,7 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
         "log_file": current_log_file(),
         "dataset_sha256": config["dataset_sha256"],
         "history": recorder.epochs,
-        "config": {key: _jsonable(config[key]) for key in config.final_config_dict},
+        "config": {key: plain_value(config[key]) for key in config.final_config_dict},
     }
     if extra_test_results:
         summary["extra_test_results"] = extra_test_results
@@ -431,13 +431,5 @@ def evaluate_extra_test_modes(config, recbole_dataset, loaders, trainer, saved) 
         config["eval_args"]["mode"] = original_mode
         config["test_neg_sample_args"] = original_neg_args
     return results
-
-
-def _jsonable(value):
-    try:
-        json.dumps(value)
-        return value
-    except TypeError:
-        return str(value)
 
 

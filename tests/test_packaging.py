@@ -38,6 +38,10 @@ def test_wheel_install_finds_property_files(tmp_path):
         "recbole_freq/properties/dataset/amazon-beauty.yaml",
         "recbole_freq/properties/paper/BSARec/lastfm.yaml",
         "dataset_prep/__main__.py",
+        "recbole_freq/__main__.py",
+        "recbole_freq/cli/__init__.py",
+        "recbole_freq/tune/search.py",
+        "recbole_freq/model/encoder.py",
     ):
         assert expected in names
 

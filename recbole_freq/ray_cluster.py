@@ -1,0 +1,105 @@
+"""Starting or joining Ray, and checking that its resources fit the tasks: one place for
+the search (``recbole_freq.tune``) and the comparison's ``--ray`` mode.
+
+- ``import_ray``: Ray, or one line saying what to install;
+- ``check_address``: fail in seconds on an address nothing listens on (``ray.init``
+  would retry for minutes);
+- ``start_or_join``: join ``address`` (else ``RAY_ADDRESS``) or start a local Ray;
+- ``check_resources``: a task asking for more CPUs or GPUs than the cluster has waits
+  forever: refused on a local Ray this call started, a warning on a cluster (its
+  autoscaler may still add nodes).
+
+Errors are ``RaySetupError`` (a ``ValueError``: exit code 2), or the ``error`` class a
+caller passes for its own messages.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+
+class RaySetupError(ValueError):
+    """Ray cannot be imported, reached or started as asked."""
+
+
+def import_ray(purpose: str, install: str, error: type[Exception] = RaySetupError):
+    """``import ray`` (and ``ray.tune`` when ``install`` names it), or ``error``."""
+    try:
+        import ray
+
+        if "tune" in install:
+            from ray import tune  # noqa: F401
+    except ImportError as failure:
+        raise error(
+            f"{purpose} needs Ray, which cannot be imported ({failure}). Install it with: "
+            f"pip install '{install}'"
+        ) from None
+    return ray
+
+
+def check_address(address: str, timeout: float = 5.0, error=RaySetupError) -> None:
+    """Refuse an address that is not ``host:port`` or where nothing listens.  ``auto``
+    and ``local`` are left to ``ray.init``."""
+    if address in ("auto", "local"):
+        return
+    host_port = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = host_port.rpartition(":")
+    if not host or not port.isdigit():
+        raise error(
+            f"Ray address {address!r} is not host:port (e.g. 10.0.0.5:6379 or "
+            "ray://10.0.0.5:10001), 'auto' or 'local'"
+        )
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as failure:
+        raise error(
+            f"cannot reach the Ray cluster at {address}: {failure}. Check the address (the "
+            "head node prints it after 'ray start --head'), or leave out --ray_address "
+            "and RAY_ADDRESS to start a local Ray."
+        ) from None
+
+
+def start_or_join(ray, address=None, num_cpus=None, error=RaySetupError) -> bool:
+    """Join ``address`` (else ``RAY_ADDRESS``) or start a local Ray; True if this call
+    started or joined it (and so should shut it down), False if Ray was already up.
+    Worker output stays in the per-run RecBole logs instead of the console."""
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        check_address(address, error=error)
+    if ray.is_initialized():
+        return False
+    try:
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    except (ConnectionError, TimeoutError, RuntimeError) as failure:
+        where = f"the Ray cluster at {address}" if address else "a local Ray"
+        raise error(f"cannot start or join {where}: {failure}") from None
+    return True
+
+
+def check_resources(
+    resources: dict,
+    wanted: dict[str, tuple[float, str]],
+    started_here: bool,
+    local: bool,
+    warn,
+    tasks: str = "the runs",
+    hint: str = "",
+    error=RaySetupError,
+) -> None:
+    """``wanted``: resource (``CPU``, ``GPU``) -> (amount per task, the option that set it).
+    A shortfall is ``error`` on a local Ray this call started, else ``warn(message)``."""
+    for kind, (amount, option) in wanted.items():
+        total = resources.get(kind, 0.0)
+        if amount <= total:
+            continue
+        message = (
+            f"--{option}={amount:g} but the Ray cluster has {total:g} {kind}(s): {tasks} "
+            "would wait forever"
+        )
+        if started_here and local:
+            raise error(f"{message}; lower --{option}{hint}")
+        warn("warning: " + message + " unless the cluster grows")
