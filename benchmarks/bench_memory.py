@@ -68,18 +68,15 @@ def _reset_peak():
 def model_child(model_name, dataset, batch, length, steps=3):
     sys.path.insert(0, str(ROOT))
     import torch
-    from recbole.data import create_dataset, data_preparation
-    from recbole.utils import init_seed
 
     from recbole_freq.config import FreqConfig
     from recbole_freq.memory import estimate_bytes, step_shape
-    from recbole_freq.quick_start import build_model
+    from recbole_freq.quick_start import load_splits, new_model
 
     overrides = dict(SIZES, MAX_ITEM_LIST_LENGTH=length, train_batch_size=batch, seed=2024)
     config = FreqConfig(model_name, dataset, cmd_overrides=overrides)
-    init_seed(2024, True)
-    train, _, _ = data_preparation(config, create_dataset(config))
-    model = build_model(config, train._dataset)
+    _, (train, _, _) = load_splits(config)
+    model = new_model(config, train)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     batches = []
     for interaction in train:

@@ -18,7 +18,6 @@ Targets of the issue: without CL at most 1.5x SASRec, with CL at most 2.5x, at K
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -29,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_speed import SIZES, default_dataset, ratios, take, time_rounds, train_step  # noqa: E402
+from common import write_results  # noqa: E402
 
 REFERENCE = "SASRec"
 
@@ -49,29 +49,17 @@ def variants(length: int, orders, main_length: int) -> dict[str, tuple[str, dict
 
 
 def load(chosen, dataset, data_path, length, seed=2024):
-    from recbole.data import create_dataset, data_preparation
-    from recbole.utils import init_seed
+    from common import load_models, with_optimizers
 
-    from recbole_freq.config import FreqConfig, get_model_class
+    from recbole_freq.config import FreqConfig
 
     base = dict(SIZES, MAX_ITEM_LIST_LENGTH=length, data_path=data_path, seed=seed)
     configs = {
         label: FreqConfig(model, dataset, cmd_overrides=dict(base, **extra))
         for label, (model, extra) in chosen.items()
     }
-    first = configs[REFERENCE]
-    init_seed(seed, True)
-    train, _, _ = data_preparation(first, create_dataset(first))
-    instances = {}
-    for label, (model, _) in chosen.items():
-        init_seed(seed, True)
-        network = get_model_class(model)(configs[label], train._dataset).to(first["device"])
-        instances[label] = (network, torch.optim.Adam(network.parameters(), lr=1e-3))
-    # Loading a RecBole built-in imports recbole.model.sequential_recommender, whose
-    # sine.py switches autograd anomaly detection on for the whole process; it checks
-    # every backward output for NaN (a third of a step here) and would blur the ratios.
-    torch.autograd.set_detect_anomaly(False)
-    return first, train, instances
+    first, (train, _, _), built = load_models(configs, seed, REFERENCE)
+    return first, train, with_optimizers(built)
 
 
 def main(argv=None):
@@ -129,11 +117,12 @@ def main(argv=None):
     ]
     report = "\n".join([header, "", *table])
     print(report)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"polyrec-speed-{dataset}-{torch.device(device).type}"
-    (out / f"{stem}.md").write_text(report + "\n")
-    (out / f"{stem}.json").write_text(json.dumps({"header": header, "lengths": raw}, indent=2))
+    write_results(
+        args.out,
+        f"polyrec-speed-{dataset}-{torch.device(device).type}",
+        report,
+        {"header": header, "lengths": raw},
+    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ the links below 0.5); the dense computation does not depend on the values.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -37,6 +36,7 @@ from bench_speed import (  # noqa: E402
     time_rounds,
     train_step,
 )
+from common import write_results  # noqa: E402
 
 # name: (model, overrides, target training ratio, target inference ratio)
 VARIANTS = {
@@ -64,10 +64,9 @@ REFERENCE = "SASRec (RecBole)"
 
 
 def load(dataset, data_path, seed=2024):
-    from recbole.data import create_dataset, data_preparation
-    from recbole.utils import init_seed
+    from common import load_models, with_optimizers
 
-    from recbole_freq.config import FreqConfig, get_model_class
+    from recbole_freq.config import FreqConfig
 
     configs = {
         name: FreqConfig(
@@ -75,20 +74,14 @@ def load(dataset, data_path, seed=2024):
         )
         for name, (model, extra, _, _) in VARIANTS.items()
     }
-    first = configs[REFERENCE]
-    init_seed(seed, True)
-    train, _, test = data_preparation(first, create_dataset(first))
-    instances = {}
-    for name, config in configs.items():
-        init_seed(seed, True)
-        model = get_model_class(config["model"])(config, train._dataset).to(first["device"])
+    first, (train, _, test), built = load_models(configs, seed, REFERENCE)
+    for model in built.values():
         for block in getattr(getattr(model, "encoder", None), "blocks", []):
             operator = block.mixer.attention.operator
             if hasattr(operator, "phi"):
                 with torch.no_grad():
                     operator.phi.normal_(1.5, 1.5)
-        instances[name] = (model, torch.optim.Adam(model.parameters(), lr=1e-3))
-    return first, train, test, instances
+    return first, train, test, with_optimizers(built)
 
 
 def main(argv=None):
@@ -156,23 +149,19 @@ def main(argv=None):
         )
     report = "\n".join([header, "", *rows, "", noise_note])
     print(report)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"recdenoiser-{dataset}-{torch.device(device).type}"
-    (out / f"{stem}.md").write_text(report + "\n")
-    (out / f"{stem}.json").write_text(
-        json.dumps(
-            {
-                "header": header,
-                "train_ms": train_times,
-                "eval_ms": eval_times,
-                "train_ratio": train_ratio,
-                "eval_ratio": eval_ratio,
-                "inference_pruned_fraction": pruned,
-                "steps_per_epoch": steps_per_epoch,
-            },
-            indent=2,
-        )
+    write_results(
+        args.out,
+        f"recdenoiser-{dataset}-{torch.device(device).type}",
+        report,
+        {
+            "header": header,
+            "train_ms": train_times,
+            "eval_ms": eval_times,
+            "train_ratio": train_ratio,
+            "eval_ratio": eval_ratio,
+            "inference_pruned_fraction": pruned,
+            "steps_per_epoch": steps_per_epoch,
+        },
     )
 
 

@@ -14,7 +14,6 @@ median time ratio (target: at least 10x faster).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -26,24 +25,20 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_speed import SIZES, default_dataset  # noqa: E402
+from common import write_results  # noqa: E402
 
 
 def load_uni100(model_name: str, dataset: str, data_path: str, seed: int):
-    from recbole.data import create_dataset, data_preparation
-    from recbole.utils import init_seed
-
-    from recbole_freq.config import FreqConfig, get_model_class, properties_dir
+    from recbole_freq.config import FreqConfig, properties_dir
+    from recbole_freq.quick_start import load_splits, new_model
 
     protocol = str(properties_dir() / "protocol" / "uni100.yaml")
     # The protocol's own eval_batch_size: a batch holds eval_batch_size // 101 users.
     sizes = {key: value for key, value in SIZES.items() if key != "eval_batch_size"}
     overrides = dict(sizes, data_path=data_path, seed=seed, state="ERROR")
     config = FreqConfig(model_name, dataset, [protocol], cmd_overrides=overrides)
-    init_seed(seed, True)
-    train, _, test = data_preparation(config, create_dataset(config))
-    init_seed(seed, True)
-    model = get_model_class(model_name)(config, train._dataset).to(config["device"])
-    return config, model.eval(), test
+    _, (train, _, test) = load_splits(config)
+    return config, new_model(config, train).eval(), test
 
 
 def main(argv=None) -> dict:
@@ -117,11 +112,9 @@ def main(argv=None) -> dict:
         ]
     )
     print(table)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"sampled-eval-{dataset}-{result['device'].split(':')[0]}"
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
-    (out / f"{stem}.md").write_text(table + "\n", encoding="utf-8")
+    write_results(
+        args.out, f"sampled-eval-{dataset}-{result['device'].split(':')[0]}", table, result
+    )
     return result
 
 

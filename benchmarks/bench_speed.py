@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import write_results
 
 HERE = Path(__file__).resolve().parent
 SIZES = {
@@ -46,22 +47,14 @@ def default_dataset(data_path: str) -> str:
 
 
 def load(models, dataset, data_path, seed=2024):
-    from recbole.data import create_dataset, data_preparation
-    from recbole.utils import init_seed
+    from common import load_models, with_optimizers
 
-    from recbole_freq.config import FreqConfig, get_model_class
+    from recbole_freq.config import FreqConfig
 
     overrides = dict(SIZES, data_path=data_path, seed=seed)
     configs = {m: FreqConfig(m, dataset, cmd_overrides=overrides) for m in models}
-    first = configs[models[0]]
-    init_seed(seed, True)
-    train, _, test = data_preparation(first, create_dataset(first))
-    instances = {}
-    for name in models:
-        init_seed(seed, True)
-        model = get_model_class(name)(configs[name], train._dataset).to(first["device"])
-        instances[name] = (model, torch.optim.Adam(model.parameters(), lr=1e-3))
-    return first, train, test, instances
+    first, (train, _, test), built = load_models(configs, seed, models[0])
+    return first, train, test, with_optimizers(built)
 
 
 def take(loader, n, device):
@@ -228,23 +221,19 @@ def main(argv=None):
         )
     report = "\n".join([header, "", *rows])
     print(report)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"speed-{dataset}-{torch.device(device).type}"
-    (out / f"{stem}.md").write_text(report + "\n")
-    (out / f"{stem}.json").write_text(
-        json.dumps(
-            {
-                "header": header,
-                "train_ms": train_times,
-                "eval_ms": eval_times,
-                "train_ratio": train_ratio,
-                "eval_ratio": eval_ratio,
-                "peak_memory_mb": memory,
-                "steps_per_epoch": steps_per_epoch,
-            },
-            indent=2,
-        )
+    write_results(
+        args.out,
+        f"speed-{dataset}-{torch.device(device).type}",
+        report,
+        {
+            "header": header,
+            "train_ms": train_times,
+            "eval_ms": eval_times,
+            "train_ratio": train_ratio,
+            "eval_ratio": eval_ratio,
+            "peak_memory_mb": memory,
+            "steps_per_epoch": steps_per_epoch,
+        },
     )
 
 

@@ -361,12 +361,9 @@ def restore_model(path, data_path=None, device="cpu"):
     Returns ``(model, config, dataset, (train_data, valid_data, test_data), checkpoint)``;
     the model is in evaluation mode on ``device``.
     """
-    from recbole.data import create_dataset, data_preparation
-    from recbole.utils import init_seed
-
     from recbole_freq.config import parse_device
     from recbole_freq.data import check_prepared
-    from recbole_freq.quick_start import build_model
+    from recbole_freq.quick_start import load_splits, new_model
 
     checkpoint = load_checkpoint(path)
     config = checkpoint["config"]
@@ -380,12 +377,9 @@ def restore_model(path, data_path=None, device="cpu"):
     config["show_progress"] = False
     check_prepared(config)
     _check_same_data(config, path)
-    init_seed(config["seed"], config["reproducibility"])
-    dataset = create_dataset(config)
-    loaders = data_preparation(config, dataset)
-    init_seed(config["seed"], config["reproducibility"])
+    dataset, loaders = load_splits(config)
     try:
-        model = build_model(config, loaders[0]._dataset)
+        model = new_model(config, loaders[0])
     except ValueError as error:
         raise CheckpointMismatchError(
             f"checkpoint {str(path)!r}: its config cannot build the {config['model']} it "

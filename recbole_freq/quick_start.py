@@ -139,13 +139,12 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
     logger.info(recbole_dataset)
     check_item_count(config, recbole_dataset)
     users_longest = longest_history(recbole_dataset)
-    train_data, valid_data, test_data = data_preparation(config, recbole_dataset)
+    _, (train_data, valid_data, test_data) = load_splits(config, recbole_dataset)
     check_split_rows(config, recbole_dataset, train_data, valid_data, test_data)
     check_memory(config, recbole_dataset, logger, users_longest)
     noise = corrupt_training_data(config, train_data, valid_data, test_data)
 
-    init_seed(config["seed"] + config["local_rank"], config["reproducibility"])
-    model_instance = build_model(config, train_data._dataset)
+    model_instance = new_model(config, train_data)
     use_full_sort_for_sampled_scoring(model_instance)
     logger.info(model_instance)
     trainer = get_trainer(config["MODEL_TYPE"], config["model"])(config, model_instance)
@@ -260,6 +259,32 @@ class SummaryNotWrittenError(OutputWriteError):
 
 class ModelBuildError(ValueError):
     """A model that cannot be built with the given settings (exit code 2)."""
+
+
+def load_splits(config, dataset=None):
+    """The data half of config -> dataset -> splits -> model, the sequence every job and
+    benchmark runs: seed, ``create_dataset`` (unless ``dataset`` is given), then
+    ``data_preparation``.  Returns ``(dataset, (train_data, valid_data, test_data))``."""
+    if dataset is None:
+        init_seed(config["seed"], config["reproducibility"])
+        dataset = create_dataset(config)
+    return dataset, tuple(data_preparation(config, dataset))
+
+
+def new_model(config, train_data):
+    """The model half: seeded as RecBole seeds it, built on the training split."""
+    init_seed(config["seed"] + (config["local_rank"] or 0), config["reproducibility"])
+    return build_model(config, train_data._dataset)
+
+
+def prepare_run(model, dataset, config_files=None, config_dict=None, cmd_overrides=None):
+    """``(config, dataset, (train, valid, test), model)`` for ``model`` on a prepared
+    ``dataset``, with the settings ``run`` would use; nothing is trained or written.  For
+    benchmarks, tests and notebooks that need the real pipeline's pieces."""
+    config = FreqConfig(model, dataset, config_files, config_dict, cmd_overrides)
+    check_prepared(config)
+    recbole_dataset, splits = load_splits(config)
+    return config, recbole_dataset, splits, new_model(config, splits[0])
 
 
 def build_model(config, dataset):

@@ -42,6 +42,27 @@ def write_sequences(path: Path, n_users=60, n_items=40, seed=0, min_len=5, max_l
     return path
 
 
+def prepare(model, overrides, dataset="tiny"):
+    """``(config, train, valid, test)`` of ``model`` on a prepared dataset through the real
+    pipeline (``quick_start.load_splits``), the global RNG then seeded as for a model
+    build; the one helper every test that builds a model itself uses."""
+    from recbole.utils import init_seed
+
+    from recbole_freq.config import FreqConfig
+    from recbole_freq.quick_start import load_splits
+
+    config = FreqConfig(model, dataset, cmd_overrides=overrides)
+    _, (train, valid, test) = load_splits(config)
+    init_seed(config["seed"], config["reproducibility"])
+    return config, train, valid, test
+
+
+def first_batch(loader):
+    """The first training interaction of ``loader`` (evaluation loaders yield tuples)."""
+    for batch in loader:
+        return batch[0] if isinstance(batch, tuple) else batch
+
+
 # Settings of SMALL_MODEL that RNN baselines do not read (and so refuse).
 TRANSFORMER_ONLY = ("inner_size", "n_heads", "n_layers")
 

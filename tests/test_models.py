@@ -5,11 +5,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from recbole.data import create_dataset, data_preparation
 from recbole.trainer import Trainer
-from recbole.utils import init_seed
 
-from recbole_freq.config import FreqConfig
+from conftest import first_batch, prepare
 from recbole_freq.model import BSARec, FBSARec
 from recbole_freq.quick_start import REPORTED_METRICS, run
 from reference_bsarec import ReferenceBSARec
@@ -22,19 +20,6 @@ FBSAREC_COMBINATIONS = [  # thesis appendix tables 1-6
     ["bsa", "ib"],
     ["bsa", "sa", "ib"],
 ]
-
-
-def prepare(model, overrides, dataset="tiny"):
-    config = FreqConfig(model, dataset, cmd_overrides=overrides)
-    init_seed(config["seed"], config["reproducibility"])
-    train, valid, test = data_preparation(config, create_dataset(config))
-    init_seed(config["seed"], config["reproducibility"])
-    return config, train, valid, test
-
-
-def first_batch(loader):
-    for batch in loader:
-        return batch[0] if isinstance(batch, tuple) else batch
 
 
 def test_bsarec_trains_evaluates_full_sort_and_reloads_best_checkpoint(small_config):

@@ -9,10 +9,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from recbole.data import create_dataset, data_preparation
 from recbole.trainer import Trainer
-from recbole.utils import init_seed
 
+from conftest import first_batch, prepare
 from recbole_freq.cli import main
 from recbole_freq.config import FreqConfig
 from recbole_freq.model import PolyRec
@@ -146,19 +145,6 @@ def test_truncated_skip_starts_as_exact_low_pass_projection():
     torch.testing.assert_close(residual.truncated_skip(x), projector @ x)
 
 
-def prepare(overrides):
-    config = FreqConfig("PolyRec", "tiny", cmd_overrides=overrides)
-    init_seed(config["seed"], config["reproducibility"])
-    train, valid, test = data_preparation(config, create_dataset(config))
-    init_seed(config["seed"], config["reproducibility"])
-    return config, train, valid, test
-
-
-def first_batch(loader):
-    for batch in loader:
-        return batch[0] if isinstance(batch, tuple) else batch
-
-
 def sequence_set(features) -> set:
     return {
         (int(target), tuple(seq.tolist()))
@@ -168,9 +154,9 @@ def sequence_set(features) -> set:
 
 def test_order_one_model_equals_softmax_model_with_the_same_weights(small_config):
     overrides = dict(small_config, poly_order=1, cl_weight=0)
-    config, train, _, test = prepare(overrides)
+    config, train, _, test = prepare("PolyRec", overrides)
     polynomial = PolyRec(config, train._dataset)
-    softmax_config, _, _, _ = prepare(dict(overrides, attention_operator="softmax"))
+    softmax_config, _, _, _ = prepare("PolyRec", dict(overrides, attention_operator="softmax"))
     plain = PolyRec(softmax_config, train._dataset)
     missing, unexpected = plain.load_state_dict(polynomial.state_dict(), strict=False)
     assert not missing and all(name.endswith("operator.coefficients") for name in unexpected)
@@ -182,7 +168,7 @@ def test_order_one_model_equals_softmax_model_with_the_same_weights(small_config
 
 
 def test_residual_paths_by_sublayer_and_paper_defaults(small_config):
-    config, train, _, _ = prepare(small_config)
+    config, train, _, _ = prepare("PolyRec", small_config)
     assert (config["poly_order"], config["trc_alpha"], config["trc_c"]) == (3, 0.5, 3)
     assert (config["cl_weight"], config["attention_operator"]) == (0.1, "chebyshev")
     model = PolyRec(config, train._dataset)
@@ -205,7 +191,7 @@ def test_residual_paths_by_sublayer_and_paper_defaults(small_config):
 
 
 def test_same_target_sampler_on_the_training_split(small_config):
-    config, train, valid, test = prepare(small_config)
+    config, train, valid, test = prepare("PolyRec", small_config)
     model = PolyRec(config, train._dataset)
     sampler = model.positive_sampler
     training = sequence_set(train._dataset.inter_feat)
@@ -279,7 +265,7 @@ def test_sampler_draws_the_other_members_uniformly():
 
 
 def test_contrastive_loss_is_infonce_with_same_target_rows_masked(small_config):
-    config, train, _, _ = prepare(dict(small_config, cl_temperature=0.5))
+    config, train, _, _ = prepare("PolyRec", dict(small_config, cl_temperature=0.5))
     model = PolyRec(config, train._dataset)
     anchor, positive = torch.randn(4, 16), torch.randn(4, 16)
     targets = torch.tensor([3, 5, 3, 9])
@@ -293,9 +279,9 @@ def test_contrastive_loss_is_infonce_with_same_target_rows_masked(small_config):
 
 def test_loss_adds_lambda_times_contrastive_term(small_config):
     overrides = dict(small_config, hidden_dropout_prob=0.0, attn_dropout_prob=0.0)
-    config, train, _, _ = prepare(overrides)
+    config, train, _, _ = prepare("PolyRec", overrides)
     with_cl = PolyRec(config, train._dataset)
-    config_off, _, _, _ = prepare(dict(overrides, cl_weight=0))
+    config_off, _, _, _ = prepare("PolyRec", dict(overrides, cl_weight=0))
     without_cl = PolyRec(config_off, train._dataset)
     assert without_cl.positive_sampler is None  # ablation (a) costs nothing
     without_cl.load_state_dict(with_cl.state_dict())
@@ -320,7 +306,7 @@ def test_polyrec_trains_through_recbole_and_reports_order_contributions(small_co
     assert all(0.0 <= value <= 1.0 for value in summary["test_result"].values())
     assert all(math.isfinite(e["train_loss"]) for e in summary["history"])
 
-    config, train, _, test = prepare(small_config)
+    config, train, _, test = prepare("PolyRec", small_config)
     model = PolyRec(config, train._dataset)
     fresh = model.order_contributions(first_batch(test))
     assert fresh.shape == (2, 4) and (fresh[:, 1] > 0).all()
@@ -344,7 +330,7 @@ def test_polyrec_trains_through_recbole_and_reports_order_contributions(small_co
     ids=["wo_CL", "wo_TRC", "wo_PA"],
 )
 def test_table3_ablations_are_configuration(small_config, ablation, operator, residual):
-    config, train, _, _ = prepare(dict(small_config, **ablation))
+    config, train, _, _ = prepare("PolyRec", dict(small_config, **ablation))
     model = PolyRec(config, train._dataset)
     attention = model.encoder.blocks[0].mixer.attention
     assert type(attention.operator) is operator and type(attention.residual) is residual

@@ -12,6 +12,7 @@ from recbole.model.sequential_recommender import BERT4Rec, SASRec
 from recbole.trainer import Trainer
 from recbole.utils import init_seed
 
+from conftest import first_batch, prepare
 from recbole_freq.config import FreqConfig, properties_dir
 from recbole_freq.model import BERT4RecDenoiser, RecDenoiser
 from recbole_freq.model.denoising import (
@@ -37,19 +38,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def prepare(model, overrides, dataset="tiny"):
-    config = FreqConfig(model, dataset, cmd_overrides=overrides)
-    init_seed(config["seed"], config["reproducibility"])
-    train, valid, test = data_preparation(config, create_dataset(config))
-    init_seed(config["seed"], config["reproducibility"])
-    return config, train, valid, test
-
-
-def first_batch(loader):
-    for batch in loader:
-        return batch[0] if isinstance(batch, tuple) else batch
 
 
 def operators(model):

@@ -32,7 +32,7 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
     """
     import ray
     from ray import tune
-    from recbole.data import create_dataset, data_preparation
+    from recbole.data import create_dataset
     from recbole.utils import get_trainer, init_logger, init_seed
 
     from recbole_freq.config import FreqConfig
@@ -41,8 +41,9 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
     from recbole_freq.noise import corrupt_training_data
     from recbole_freq.quick_start import (
         TrainingRecorder,
-        build_model,
         evaluate_extra_test_modes,
+        load_splits,
+        new_model,
         unique_checkpoint_path,
     )
 
@@ -70,12 +71,11 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
         dataset = shared_dataset
         dataset.config = config
     users_longest = longest_history(dataset)
-    train_data, valid_data, test_data = data_preparation(config, dataset)
+    _, (train_data, valid_data, test_data) = load_splits(config, dataset)
     check_memory(config, dataset, users_longest=users_longest)
     corrupt_training_data(config, train_data, valid_data, test_data)
 
-    init_seed(config["seed"] + config["local_rank"], config["reproducibility"])
-    model = build_model(config, train_data._dataset)
+    model = new_model(config, train_data)
     use_full_sort_for_sampled_scoring(model)
     trainer = get_trainer(config["MODEL_TYPE"], config["model"])(config, model)
     trainer.saved_model_file = unique_checkpoint_path(config)

@@ -1,0 +1,47 @@
+"""What the benchmarks share: the real pipeline's models on one split, and result files
+written atomically (a killed benchmark never leaves a half-written table)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+
+def load_models(configs: dict, seed: int, reference: str):
+    """``configs``: label -> FreqConfig, all on one dataset.  The split is built once from
+    ``configs[reference]``; every model is built on it with the same seed.  Returns
+    ``(reference config, (train, valid, test), {label: model})``."""
+    from recbole_freq.quick_start import load_splits, new_model
+
+    first = configs[reference]
+    first["seed"] = seed
+    _, splits = load_splits(first)
+    models = {}
+    for label, config in configs.items():
+        config["seed"] = seed
+        models[label] = new_model(config, splits[0])
+    # Loading a RecBole built-in imports recbole.model.sequential_recommender, whose
+    # sine.py switches autograd anomaly detection on for the whole process; it checks
+    # every backward output for NaN and would blur the timing ratios.
+    torch.autograd.set_detect_anomaly(False)
+    return first, splits, models
+
+
+def with_optimizers(models: dict) -> dict:
+    """label -> (model, Adam at lr 1e-3), the step the speed benchmarks time."""
+    return {
+        label: (model, torch.optim.Adam(model.parameters(), lr=1e-3))
+        for label, model in models.items()
+    }
+
+
+def write_results(out, stem: str, markdown: str, data: dict) -> None:
+    """``<out>/<stem>.md`` and ``<out>/<stem>.json``, each whole or not at all."""
+    from recbole_freq.files import write_atomic
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / f"{stem}.md", markdown.rstrip("\n") + "\n")
+    write_atomic(out / f"{stem}.json", json.dumps(data, indent=2) + "\n")
