@@ -11,13 +11,13 @@ from scipy.stats import ttest_rel
 from recbole_freq.cli import main
 from recbole_freq.compare import (
     ComparisonError,
-    _check_ray_resources,
     compare,
     improvement,
     markdown_table,
     paired_p_value,
     summarise,
 )
+from recbole_freq.compare.runs import _check_ray_resources
 
 METRICS = ["hit@5", "hit@10", "hit@20", "ndcg@5", "ndcg@10", "ndcg@20"]
 

@@ -12,8 +12,8 @@ from recbole_freq.analysis import (
     DEFAULT_MAX_SEQUENCES,
     analyse_checkpoint,
     label_results,
-    write_figures,
 )
+from recbole_freq.analysis_figures import write_figures
 from recbole_freq.checkpoint import CheckpointError, UntrustedCheckpointError
 from recbole_freq.cli.common import EXPECTED_ERRORS, CommandLineParser, report_error
 from recbole_freq.files import OutputWriteError, check_writable, write_atomic

@@ -1,0 +1,204 @@
+"""Side-by-side comparison of several models over several seeds (``--compare``).
+
+Every model is trained by :func:`recbole_freq.quick_start.run`, i.e. on the same prepared
+split and evaluation protocol (``properties/overall.yaml``), each with its own property
+file, once per seed.  The results are summarised as in the papers' main tables (BSARec
+Table 2, FMLP-Rec Table 2, Rec-Denoiser Table 2): mean ± std over seeds per metric, the
+relative improvement of each proposed model over the best baseline per metric (the
+"Improv." row), a paired t-test across seeds against that baseline, and the training time
+per epoch and parameter count (BSARec Table 4, FMLP-Rec Table 8)::
+
+    python run_recbole_freq.py --compare BSARec,SASRec,BERT4Rec,FEARec \\
+        --dataset=amazon-beauty --seeds 2024,2025,2026 --epochs=200
+
+Each finished run is stored at once as ``<out>/runs/<model>-seed<seed>.json``; a repeated
+command skips the runs already stored (so an interrupted comparison resumes), provided they
+were made with the same dataset, config files and overrides.  Outputs:
+``<out>/comparison.csv``, ``<out>/comparison.md``, ``<out>/comparison.png`` and
+``<out>/runs.csv`` (one row per run).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recbole_freq.compare.runs import (
+    DEFAULT_SEEDS,
+    RESERVED_OVERRIDES,
+    ComparisonError,
+    check_out_dir,
+    load_run,
+    run_file,
+    run_on_ray,
+    run_sequential,
+    run_settings,
+    validate,
+)
+from recbole_freq.compare.tables import (
+    choose_metrics,
+    csv_text,
+    improvement,
+    markdown_table,
+    paired_p_value,
+    protocol_note,
+    runs_csv_text,
+    save_plot,
+    summarise,
+)
+from recbole_freq.files import check_writable, write_atomic
+from recbole_freq.model import MODELS
+
+# ---------------------------------------------------------------------------- API
+
+
+def _parse_list(value, name) -> list[str]:
+    items = value.split(",") if isinstance(value, str) else list(value)
+    items = [str(item).strip() for item in items if str(item).strip()]
+    if not items:
+        raise ComparisonError(f"{name} is empty")
+    if len(set(items)) != len(items):
+        raise ComparisonError(f"{name} lists an entry twice: {', '.join(items)}")
+    return items
+
+
+def _parse_seeds(seeds) -> list[int]:
+    values = []
+    for item in _parse_list(seeds, "--seeds"):
+        try:
+            values.append(int(item))
+        except ValueError as error:
+            raise ComparisonError(
+                f"seed {item!r} is not an integer (--seeds 2024,2025,2026)"
+            ) from error
+    return values
+
+
+def compare(
+    models,
+    dataset: str,
+    seeds=DEFAULT_SEEDS,
+    config_files=None,
+    overrides: dict | None = None,
+    out=None,
+    baselines=None,
+    metrics=None,
+    use_ray: bool = False,
+    cpus_per_run: float = 1.0,
+    gpus_per_run: float = 0.0,
+    ray_address: str | None = None,
+    log=print,
+) -> dict:
+    """Train ``models`` x ``seeds`` on ``dataset`` (skipping runs already stored in ``out``)
+    and write the comparison tables and plot.
+
+    ``baselines``: the models the "Improv." row compares against; by default the RecBole
+    built-ins among ``models`` (the others, i.e. plugin models, are "proposed").
+    Returns ``rows`` (one dict per model, as in ``comparison.csv``), ``markdown``,
+    ``files``, and the ``trained`` and ``skipped`` (model, seed) pairs.
+    """
+    from recbole_freq.config import get_model_class
+
+    models = _parse_list(models, "--compare")
+    seeds = _parse_seeds(seeds)
+    overrides = dict(overrides or {})
+    reserved = [key for key in RESERVED_OVERRIDES if key in overrides]
+    if reserved:
+        raise ComparisonError(
+            f"--{reserved[0]} cannot be an override of a comparison: give models with "
+            "--compare, the dataset with --dataset and seeds with --seeds"
+        )
+    for model in models:
+        get_model_class(model)  # UnknownModelError names the known models
+    if baselines is None:
+        baselines = [model for model in models if model not in MODELS]
+    else:
+        baselines = _parse_list(baselines, "--baselines")
+        unknown = [model for model in baselines if model not in models]
+        if unknown:
+            raise ComparisonError(
+                f"baseline(s) {', '.join(unknown)} are not among the compared models "
+                f"({', '.join(models)})"
+            )
+    if not use_ray and (cpus_per_run != 1.0 or gpus_per_run != 0.0 or ray_address):
+        raise ComparisonError("--cpus_per_run, --gpus_per_run and --ray_address need --ray")
+    if cpus_per_run <= 0 or gpus_per_run < 0:
+        raise ComparisonError("--cpus_per_run must be > 0 and --gpus_per_run >= 0")
+    out = Path(out) if out is not None else Path("comparisons") / dataset
+    config_files = list(config_files or [])
+
+    settings = run_settings(dataset, config_files, overrides)
+    config = validate(models, dataset, config_files, overrides, seeds)
+    metrics = choose_metrics(
+        None if metrics is None else _parse_list(metrics, "--metrics"), config
+    )
+    check_writable(out, "--out")
+    check_out_dir(out, settings)
+
+    jobs = [(m, s) for m in models for s in seeds if not run_file(out, m, s).is_file()]
+    skipped = [(m, s) for m in models for s in seeds if (m, s) not in jobs]
+    if skipped:
+        log(f"{len(skipped)} run(s) already stored in {out / 'runs'}: skipped")
+    try:
+        if jobs and use_ray:
+            ray_options = dict(
+                address=ray_address, cpus_per_run=cpus_per_run, gpus_per_run=gpus_per_run
+            )
+            trained = run_on_ray(
+                jobs, dataset, config_files, overrides, out, settings, log, ray_options, models
+            )
+        elif jobs:
+            trained = run_sequential(
+                jobs, dataset, config_files, overrides, out, settings, log, tuple(models)
+            )
+        else:
+            trained = []
+    except KeyboardInterrupt as interrupt:
+        from recbole_freq.quick_start import RunInterrupted
+
+        stored = sum(run_file(out, m, s).is_file() for m in models for s in seeds)
+        partial = sorted((out / "partial").glob("*.resume.pth"))
+        kept = f"{stored} of {len(models) * len(seeds)} runs are stored in {out / 'runs'}"
+        if partial:
+            kept += f"; the unfinished run keeps its completed epochs in {partial[0]}"
+        raise RunInterrupted(kept) from interrupt
+
+    records = {(m, s): load_run(run_file(out, m, s)) for m in models for s in seeds}
+    # Baselines first, as in the papers' tables; given order within each group.
+    ordered = [m for m in models if m in baselines] + [m for m in models if m not in baselines]
+    rows = summarise(records, ordered, seeds, metrics, set(baselines))
+    markdown = markdown_table(rows, metrics, dataset, seeds, protocol_note(config))
+    files = {
+        "csv": out / "comparison.csv",
+        "markdown": out / "comparison.md",
+        "plot": out / "comparison.png",
+        "runs_csv": out / "runs.csv",
+    }
+    write_atomic(files["csv"], csv_text(rows))
+    write_atomic(files["markdown"], markdown)
+    write_atomic(files["runs_csv"], runs_csv_text(records, ordered, seeds, metrics))
+    save_plot(files["plot"], rows, metrics, dataset, seeds)
+    return {
+        "rows": rows,
+        "markdown": markdown,
+        "files": files,
+        "trained": trained,
+        "skipped": skipped,
+        "metrics": metrics,
+        "baselines": [m for m in ordered if m in baselines],
+    }
+
+
+__all__ = [
+    "DEFAULT_SEEDS",
+    "RESERVED_OVERRIDES",
+    "ComparisonError",
+    "compare",
+    "csv_text",
+    "improvement",
+    "markdown_table",
+    "paired_p_value",
+    "run_settings",
+    "runs_csv_text",
+    "save_plot",
+    "summarise",
+]

@@ -1,0 +1,273 @@
+"""The runs of a comparison: settings that must match for a stored run to count, the run
+files under ``<out>/runs/``, and training them one after another or as Ray tasks."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+from recbole_freq.files import plain_value, write_atomic
+from recbole_freq.ray_cluster import check_resources, import_ray, start_or_join
+
+DEFAULT_SEEDS = (2024, 2025, 2026)
+DEFAULT_METRICS = tuple(f"{name}@{k}" for name in ("hit", "ndcg") for k in (5, 10, 20))
+# Shown by default for each of the run's ``extra_test_modes`` (e.g. ``uni100:hit@10``): the
+# sampled protocol's papers (Rec-Denoiser, SASRec) report @10 only.
+DEFAULT_EXTRA_MODE_METRICS = ("hit@10", "ndcg@10")
+RUN_FORMAT = 1
+# Summary parts that are not needed for the tables; quick_start still writes the full
+# summary next to the checkpoint (``summary_file``).
+DROPPED_SUMMARY_KEYS = ("model_report",)
+# Keys the comparison sets itself, per run.
+RESERVED_OVERRIDES = ("model", "dataset", "seed")
+
+
+class ComparisonError(ValueError):
+    """Bad comparison input or an output folder that holds other settings' runs."""
+
+
+# ---------------------------------------------------------------------------- settings
+
+
+def _normalise_value(value):
+    """An override as RecBole will read it: ``"1"`` from the command line and ``1`` from
+    Python are the same setting (RecBole evaluates string overrides)."""
+    if isinstance(value, str):
+        if value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return value
+    return plain_value(value)
+
+
+def _file_digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def run_settings(dataset: str, config_files, overrides: dict) -> dict:
+    """What makes two runs comparable: dataset, config file contents and overrides."""
+    files = []
+    for path in config_files or []:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"config file {path!r} does not exist")
+        files.append({"path": str(Path(path).resolve()), "sha256": _file_digest(path)})
+    return {
+        "dataset": dataset,
+        "config_files": files,
+        "overrides": {key: _normalise_value(value) for key, value in sorted(overrides.items())},
+    }
+
+
+def _settings_difference(stored: dict, wanted: dict) -> list[str]:
+    differences = []
+    if stored.get("dataset") != wanted["dataset"]:
+        differences.append(f"dataset {stored.get('dataset')!r} vs {wanted['dataset']!r}")
+    stored_files = [f["sha256"] for f in stored.get("config_files", [])]
+    if stored_files != [f["sha256"] for f in wanted["config_files"]]:
+        differences.append(
+            "config files "
+            f"{[f['path'] for f in stored.get('config_files', [])]} vs "
+            f"{[f['path'] for f in wanted['config_files']]} (paths or contents differ)"
+        )
+    old, new = stored.get("overrides", {}), wanted["overrides"]
+    for key in sorted(set(old) | set(new)):
+        if old.get(key, "<unset>") != new.get(key, "<unset>"):
+            differences.append(f"--{key}: {old.get(key, '<unset>')} vs {new.get(key, '<unset>')}")
+    return differences
+
+
+# ---------------------------------------------------------------------------- run files
+
+
+def run_file(out: Path, model: str, seed: int) -> Path:
+    return out / "runs" / f"{model}-seed{seed}.json"
+
+
+def partial_file(out: Path, model: str, seed: int) -> Path:
+    """The resume state of an unfinished run (removed when the run is stored)."""
+    return out / "partial" / f"{model}-seed{seed}.resume.pth"
+
+
+def load_run(path: Path) -> dict:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ComparisonError(
+            f"cannot read run file {path}: {error}; delete it to redo the run"
+        ) from error
+    if not isinstance(record, dict) or "settings" not in record or "summary" not in record:
+        raise ComparisonError(f"{path} is not a comparison run file; delete it to redo the run")
+    return record
+
+
+def check_out_dir(out: Path, settings: dict) -> None:
+    """Every run stored in ``out`` must have been made with ``settings``: an output folder
+    holds one comparison, never a silent mix of settings."""
+    for path in sorted((out / "runs").glob("*.json")):
+        differences = _settings_difference(load_run(path)["settings"], settings)
+        if differences:
+            raise ComparisonError(
+                f"{out} already holds runs made with other settings ({path.name}: "
+                + "; ".join(differences)
+                + "). Pick another --out, or delete "
+                + str(out / "runs")
+                + " to redo them with the new settings."
+            )
+
+
+def _store_run(out: Path, settings: dict, model: str, seed: int, summary: dict) -> Path:
+    kept = {key: value for key, value in summary.items() if key not in DROPPED_SUMMARY_KEYS}
+    record = {
+        "format": RUN_FORMAT,
+        "model": model,
+        "seed": seed,
+        "settings": settings,
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "summary": kept,
+    }
+    path = run_file(out, model, seed)
+    write_atomic(path, json.dumps(record, indent=2, default=str))
+    return path
+
+
+# ---------------------------------------------------------------------------- training
+
+
+def _train_one(
+    model, dataset, config_files, overrides, seed, workdir=None, models=(), resume_file=None
+) -> dict:
+    """One run of the comparison (also the body of a Ray task); ``models``: all compared
+    models, which share the overrides (a key one of them reads is accepted);
+    ``resume_file``: the run's resume state, continued from if it exists."""
+    from recbole_freq.quick_start import run
+
+    if workdir and os.path.isdir(workdir):
+        # Ray workers of a remote cluster may start elsewhere; relative paths
+        # (data_path, checkpoint_dir, log/) are meant relative to the driver's folder.
+        os.chdir(workdir)
+    return run(
+        model,
+        dataset,
+        config_files,
+        cmd_overrides={**overrides, "seed": seed},
+        shared_with=models,
+        resume_file=resume_file,
+    )
+
+
+def validate(models, dataset, config_files, overrides, seeds) -> dict:
+    """Build each model's configuration once before any training, so that an unknown model,
+    a missing file or an unprepared dataset fails in seconds, not after hours of runs.
+    Returns the configuration of the first model (for the protocol notes)."""
+    from recbole_freq.config import FreqConfig
+    from recbole_freq.data import check_prepared
+
+    first = None
+    for model in models:
+        config = FreqConfig(
+            model,
+            dataset,
+            config_files,
+            cmd_overrides={**overrides, "seed": seeds[0]},
+            shared_with=models,
+        )
+        check_prepared(config)
+        if first is None:
+            first = config
+    return first
+
+
+def run_sequential(jobs, dataset, config_files, overrides, out, settings, log, models):
+    trained = []
+    for index, (model, seed) in enumerate(jobs, 1):
+        log(f"[{index}/{len(jobs)}] training {model} seed {seed} ...")
+        summary = _train_one(
+            model,
+            dataset,
+            config_files,
+            overrides,
+            seed,
+            models=tuple(models),
+            resume_file=partial_file(out, model, seed),
+        )
+        _store_run(out, settings, model, seed, summary)
+        trained.append((model, seed))
+        log(f"[{index}/{len(jobs)}] {model} seed {seed} done: {_headline(summary)}")
+    return trained
+
+
+def run_on_ray(jobs, dataset, config_files, overrides, out, settings, log, ray_options, models):
+    ray = import_ray("--ray", "ray[default]", ComparisonError)
+    started_here = start_or_join(ray, ray_options.get("address"), error=ComparisonError)
+    try:
+        _check_ray_resources(ray.cluster_resources(), ray_options, started_here, log)
+    except ComparisonError:
+        if started_here:
+            ray.shutdown()
+        raise
+    remote = ray.remote(_train_one).options(
+        num_cpus=ray_options.get("cpus_per_run", 1.0),
+        num_gpus=ray_options.get("gpus_per_run", 0.0),
+        max_retries=0,
+    )
+    workdir = os.getcwd()
+    pending = {
+        remote.remote(
+            model,
+            dataset,
+            config_files,
+            overrides,
+            seed,
+            workdir,
+            tuple(models),
+            str(partial_file(out, model, seed).resolve()),
+        ): (model, seed)
+        for model, seed in jobs
+    }
+    log(f"submitted {len(pending)} runs to Ray")
+    trained, failures = [], []
+    try:
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            model, seed = pending.pop(done[0])
+            try:
+                summary = ray.get(done[0])
+            except Exception as error:  # reported below; the other runs go on
+                failures.append(f"{model} seed {seed}: {error}")
+                log(f"{model} seed {seed} FAILED: {error}")
+                continue
+            # Stored as each run finishes, so an interrupted comparison keeps them.
+            _store_run(out, settings, model, seed, summary)
+            trained.append((model, seed))
+            log(f"[{len(trained)}/{len(jobs)}] {model} seed {seed} done: {_headline(summary)}")
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        if started_here:
+            ray.shutdown()
+    if failures:
+        raise RuntimeError(f"{len(failures)} Ray run(s) failed:\n" + "\n".join(failures))
+    return trained
+
+
+def _check_ray_resources(resources: dict, ray_options: dict, started_here: bool, log) -> None:
+    """A run asking for more than the cluster has waits forever: refused on a local
+    instance, a warning on a cluster (``ray_cluster.check_resources``)."""
+    wanted = {
+        "CPU": (ray_options.get("cpus_per_run", 0.0), "cpus_per_run"),
+        "GPU": (ray_options.get("gpus_per_run", 0.0), "gpus_per_run"),
+    }
+    local = not (ray_options.get("address") or os.environ.get("RAY_ADDRESS"))
+    check_resources(resources, wanted, started_here, local, log, error=ComparisonError)
+
+
+def _headline(summary: dict) -> str:
+    test = summary["test_result"]
+    shown = ", ".join(f"{m} {test[m]:.4f}" for m in ("hit@10", "ndcg@10") if m in test)
+    return f"test {shown or test}; {summary['epochs_run']} epochs"

@@ -1,0 +1,295 @@
+"""A comparison's numbers: mean and std over seeds, the improvement over the best baseline
+with its paired t-test, and the CSV, markdown and plot outputs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+import numpy as np
+
+from recbole_freq.compare.runs import (
+    DEFAULT_EXTRA_MODE_METRICS,
+    DEFAULT_METRICS,
+    ComparisonError,
+)
+from recbole_freq.files import write_atomic
+from recbole_freq.quick_start import extra_test_modes
+
+# ---------------------------------------------------------------------------- statistics
+
+
+def _available_metrics(config) -> set[str]:
+    """The test metrics of the run's own protocol (``hit@10``) and, for every entry of
+    ``extra_test_modes``, the same metrics under that mode (``uni100:hit@10``)."""
+    names = [m.lower() for m in config["metrics"]]
+    topk = config["topk"] if isinstance(config["topk"], list) else [config["topk"]]
+    own = {f"{name}@{k}" for name in names for k in topk} | set(names)
+    return own | {f"{mode}:{m}" for mode in extra_test_modes(config) for m in own}
+
+
+def choose_metrics(metrics, config) -> list[str]:
+    available = _available_metrics(config)
+    if metrics is None:
+        chosen = [m for m in DEFAULT_METRICS if m in available] or sorted(
+            m for m in available if ":" not in m
+        )
+        extra = [
+            f"{mode}:{m}" for mode in extra_test_modes(config) for m in DEFAULT_EXTRA_MODE_METRICS
+        ]
+        return chosen + [m for m in extra if m in available]
+    chosen = [m.strip().lower() for m in metrics if m.strip()]
+    missing = [m for m in chosen if m not in available]
+    if missing:
+        raise ComparisonError(
+            f"metric(s) {', '.join(missing)} are not evaluated with this configuration; "
+            f"available: {', '.join(sorted(available))} (set RecBole's metrics/topk to add, "
+            "or extra_test_modes for <mode>:<metric>)"
+        )
+    if len(set(chosen)) != len(chosen):
+        raise ComparisonError(f"--metrics lists a metric twice: {metrics}")
+    return chosen
+
+
+def metric_value(summary: dict, metric: str) -> float:
+    """A run's test value of ``metric``: ``hit@10`` from its own protocol, ``uni100:hit@10``
+    from the extra test mode ``uni100`` (``quick_start.evaluate_extra_test_modes``)."""
+    mode, _, name = metric.rpartition(":")
+    results = summary["extra_test_results"][mode] if mode else summary["test_result"]
+    return results[name]
+
+
+def _smaller_is_better(metric: str) -> bool:
+    from recbole.evaluator.register import smaller_metrics
+
+    return metric.rpartition(":")[2].split("@")[0] in smaller_metrics
+
+
+def paired_p_value(values, reference) -> float | None:
+    """Two-sided paired t-test across seeds (``scipy.stats.ttest_rel``); ``None`` where it is
+    undefined: fewer than two seeds, or differences without variance (scipy would report
+    p = 0 or nan, neither of which is evidence)."""
+    from scipy.stats import ttest_rel
+
+    values, reference = np.asarray(values, float), np.asarray(reference, float)
+    difference = values - reference
+    if len(difference) < 2 or np.allclose(difference, difference[0], rtol=0, atol=1e-12):
+        return None
+    p_value = float(ttest_rel(values, reference).pvalue)
+    return None if math.isnan(p_value) else p_value
+
+
+def improvement(value: float, baseline: float, smaller_better: bool = False) -> float | None:
+    """Relative improvement in percent, positive = better (the papers' "Improv.")."""
+    if baseline == 0:
+        return None
+    change = float((value - baseline) / abs(baseline) * 100)
+    return -change if smaller_better else change
+
+
+def summarise(records: dict, models, seeds, metrics, baselines) -> list[dict]:
+    """One row per model: mean/std per metric and, for proposed models, improvement over
+    the best baseline per metric and the paired t-test against it."""
+    rows = []
+    per_model = {}
+    for model in models:
+        summaries = [records[(model, seed)]["summary"] for seed in seeds]
+        values = {m: [metric_value(s, m) for s in summaries] for m in metrics}
+        per_model[model] = values
+        seconds = [s["train_seconds_per_epoch"] for s in summaries]
+        epochs = [s["epochs_run"] for s in summaries]
+        row = {
+            "model": model,
+            "role": "baseline" if model in baselines else "proposed",
+            "seeds": len(seeds),
+        }
+        for metric in metrics:
+            row[f"{metric}_mean"] = float(np.mean(values[metric]))
+            row[f"{metric}_std"] = _std(values[metric])
+        row.update(
+            train_seconds_per_epoch_mean=float(np.mean(seconds)),
+            train_seconds_per_epoch_std=_std(seconds),
+            epochs_run_mean=float(np.mean(epochs)),
+            parameters=int(summaries[0]["parameters"]),
+        )
+        rows.append(row)
+
+    best_baseline = {}
+    baseline_rows = [row for row in rows if row["role"] == "baseline"]
+    for metric in metrics:
+        if baseline_rows:
+            pick = min if _smaller_is_better(metric) else max
+            best_baseline[metric] = pick(baseline_rows, key=lambda r: r[f"{metric}_mean"])["model"]
+    for row in rows:
+        for metric in metrics:
+            gain = p_value = reference = None
+            if row["role"] == "proposed" and metric in best_baseline:
+                reference = best_baseline[metric]
+                gain = improvement(
+                    row[f"{metric}_mean"],
+                    np.mean(per_model[reference][metric]),
+                    _smaller_is_better(metric),
+                )
+                p_value = paired_p_value(
+                    per_model[row["model"]][metric], per_model[reference][metric]
+                )
+            row[f"{metric}_best_baseline"] = reference
+            row[f"{metric}_improv_pct"] = gain
+            row[f"{metric}_p_value"] = p_value
+    return rows
+
+
+def _std(values) -> float:
+    # Sample standard deviation across seeds (ddof=1), 0 for a single seed.
+    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+# ---------------------------------------------------------------------------- output
+
+
+def csv_text(rows: list[dict]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    return buffer.getvalue()
+
+
+def runs_csv_text(records: dict, models, seeds, metrics) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(
+        ["model", "seed", *metrics, "train_seconds_per_epoch", "epochs_run", "best_epoch",
+         "parameters", "checkpoint"]
+    )  # fmt: skip
+    for model in models:
+        for seed in seeds:
+            s = records[(model, seed)]["summary"]
+            writer.writerow(
+                [model, seed, *(metric_value(s, m) for m in metrics),
+                 s["train_seconds_per_epoch"], s["epochs_run"], s["best_epoch"],
+                 s["parameters"], s["checkpoint"]]
+            )  # fmt: skip
+    return buffer.getvalue()
+
+
+def markdown_table(rows, metrics, dataset, seeds, protocol: str = "") -> str:
+    """The papers' layout: a mean ± std row per model (best mean in bold), then per proposed
+    model an "Improv." row and a paired t-test row against the best baseline."""
+    header = ["Model", *metrics, "s/epoch (train)", "epochs", "parameters"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    best = {}
+    for metric in metrics:
+        pick = min if _smaller_is_better(metric) else max
+        best[metric] = pick(row[f"{metric}_mean"] for row in rows)
+    # With one seed there is no spread to show: values alone.
+    spread = len(seeds) > 1
+    for row in rows:
+        cells = [row["model"] + (" (baseline)" if row["role"] == "baseline" else "")]
+        for metric in metrics:
+            text = f"{row[f'{metric}_mean']:.4f}"
+            text += f" ± {row[f'{metric}_std']:.4f}" if spread else ""
+            cells.append(f"**{text}**" if row[f"{metric}_mean"] == best[metric] else text)
+        seconds = _seconds(row["train_seconds_per_epoch_mean"])
+        cells += [
+            seconds + (f" ± {_seconds(row['train_seconds_per_epoch_std'])}" if spread else ""),
+            f"{row['epochs_run_mean']:.1f}",
+            f"{row['parameters']:,}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    for row in rows:
+        if row["role"] != "proposed" or not any(row[f"{m}_best_baseline"] for m in metrics):
+            continue
+        gains, tests = [f"Improv. {row['model']}"], [f"p (paired t) {row['model']}"]
+        for metric in metrics:
+            gain, p_value = row[f"{metric}_improv_pct"], row[f"{metric}_p_value"]
+            gains.append("n/a" if gain is None else f"{gain:+.2f}%")
+            tests.append("n/a" if p_value is None else f"{p_value:.3g}")
+        lines.append("| " + " | ".join(gains + [""] * 3) + " |")
+        lines.append("| " + " | ".join(tests + [""] * 3) + " |")
+
+    notes = [
+        "",
+        f"Dataset {dataset}; test results, "
+        + (
+            f"mean ± sample std over {len(seeds)} seeds ({', '.join(map(str, seeds))}); "
+            "best mean per metric in bold."
+            if spread
+            else f"one seed ({seeds[0]}); best per metric in bold."
+        ),
+    ]
+    # The best baseline per metric is the same for every proposed row.
+    references = {
+        metric: row[f"{metric}_best_baseline"]
+        for row in rows
+        for metric in metrics
+        if row[f"{metric}_best_baseline"]
+    }
+    if references:
+        notes.append(
+            "Improv.: relative change of the proposed model's mean over the best baseline's "
+            "mean per metric (positive = better); p: two-sided paired t-test across seeds "
+            "against that baseline (n/a with fewer than 2 seeds or no variance). Best "
+            "baseline: " + _describe_references(references) + "."
+        )
+    else:
+        notes.append("No Improv. rows: the comparison has no baseline or no proposed model.")
+    if protocol:
+        notes.append(protocol)
+    return "\n".join(lines + notes) + "\n"
+
+
+def _describe_references(references: dict) -> str:
+    if len(set(references.values())) == 1:
+        return f"{next(iter(references.values()))} for every metric"
+    return ", ".join(f"{metric} {model}" for metric, model in references.items())
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.2f}" if value >= 1 else f"{value:.3f}"
+
+
+def save_plot(path: Path, rows, metrics, dataset, seeds) -> None:
+    """Grouped bars (one group per metric, one bar per model) with std error bars."""
+    # Figure without pyplot: no GUI backend, safe in headless workers and threads.
+    from matplotlib.figure import Figure
+
+    n_models = len(rows)
+    width = 0.8 / n_models
+    figure = Figure(figsize=(max(6.0, 1.1 * len(metrics) * max(1, n_models / 2)), 4.2))
+    axes = figure.subplots()
+    positions = np.arange(len(metrics))
+    for index, row in enumerate(rows):
+        axes.bar(
+            positions + (index - (n_models - 1) / 2) * width,
+            [row[f"{m}_mean"] for m in metrics],
+            width,
+            yerr=[row[f"{m}_std"] for m in metrics],
+            capsize=3,
+            label=row["model"] + (" (baseline)" if row["role"] == "baseline" else ""),
+        )
+    axes.set_xticks(positions, metrics)
+    axes.set_ylabel("test value (mean ± std)")
+    axes.set_title(f"{dataset}: {n_models} models, {len(seeds)} seed(s)")
+    axes.legend(fontsize="small")
+    axes.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    write_atomic(path, lambda handle: figure.savefig(handle, format="png", dpi=120))
+
+
+def protocol_note(config) -> str:
+    note = (
+        f"Protocol: eval_args {dict(config['eval_args'])}, valid_metric {config['valid_metric']}, "
+        f"epochs ≤ {config['epochs']}, stopping_step {config['stopping_step']}."
+    )
+    modes = extra_test_modes(config)
+    if modes:
+        note += (
+            f" Columns <mode>:<metric> test the same best checkpoint, on the same split, "
+            f"under the extra test mode(s) {', '.join(modes)} (uni<N>: the target ranked "
+            "against N uniformly sampled negatives)."
+        )
+    return note
