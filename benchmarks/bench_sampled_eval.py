@@ -1,5 +1,5 @@
 """Sampled evaluation (``uni100``, the SASRec / Rec-Denoiser protocol): scoring cost with
-and without encoding each distinct sequence once (``encode_distinct``).
+and without ``evaluation.SampledScorer`` (one full-sort pass per distinct sequence).
 
 RecBole's sampled test loader puts every candidate item (the target and 100 negatives) in
 its own row, each with a copy of the user's sequence; ``predict`` used to run the encoder
@@ -26,6 +26,8 @@ sys.path.insert(0, str(HERE))
 
 from bench_speed import SIZES, default_dataset  # noqa: E402
 from common import write_results  # noqa: E402
+
+from recbole_freq.evaluation import SampledScorer  # noqa: E402
 
 
 def load_uni100(model_name: str, dataset: str, data_path: str, seed: int):
@@ -60,14 +62,8 @@ def main(argv=None) -> dict:
         if len(batches) == args.batches:
             break
 
-    def every_row(interaction):  # the previous predict: one encoder pass per row
-        model.encode_distinct = model.forward
-        try:
-            return model.predict(interaction)
-        finally:
-            del model.encode_distinct
-
-    variants = {"every row": every_row, "distinct sequences": model.predict}
+    every_row = model.predict  # the model's own predict: one encoder pass per row
+    variants = {"every row": every_row, "distinct sequences": SampledScorer(model)}
     per_round = {name: [] for name in variants}
     rows = sum(len(batch) for batch in batches)
     distinct = sum(torch.unique(batch[model.ITEM_SEQ], dim=0).size(0) for batch in batches)

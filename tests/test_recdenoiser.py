@@ -14,6 +14,7 @@ from recbole.utils import init_seed
 
 from conftest import first_batch, prepare
 from recbole_freq.config import FreqConfig, properties_dir
+from recbole_freq.evaluation import SampledScorer
 from recbole_freq.model import BERT4RecDenoiser, RecDenoiser
 from recbole_freq.model.denoising import (
     DenoisingMaskAttention,
@@ -536,8 +537,9 @@ def test_uni100_protocol_file(small_config):
 
 @pytest.mark.parametrize("model", ["RecDenoiser", "BERT4RecDenoiser"])
 def test_sampled_evaluation_encodes_each_sequence_once_with_the_same_scores(small_config, model):
-    """A uni100 batch repeats each user's sequence once per candidate; ``predict``
-    encodes each distinct sequence once and must score exactly as row by row."""
+    """A uni100 batch repeats each user's sequence once per candidate; the sampled scorer
+    that runs and tune install (``evaluation.SampledScorer``) encodes each distinct
+    sequence once and must score exactly as ``predict`` row by row."""
     protocol = str(properties_dir() / "protocol" / "uni100.yaml")
     config = FreqConfig(model, "tiny", [protocol], cmd_overrides=small_config)
     init_seed(config["seed"], config["reproducibility"])
@@ -558,13 +560,17 @@ def test_sampled_evaluation_encodes_each_sequence_once_with_the_same_scores(smal
         lambda module, args, output: calls.append(args[0].size(0))
     )
     with torch.no_grad():
-        scores = recommender.predict(batch)
+        scores = SampledScorer(recommender)(batch)
+        distinct_calls = len(calls)
         every_row = recommender.forward(item_seq, lengths)  # no deduplication
     items = batch["item_id"]
     expected = (every_row * recommender.item_embedding(items)).sum(-1)
     if model == "BERT4RecDenoiser":
         expected = expected + recommender.output_bias[items]
-    assert calls[0] == torch.unique(item_seq, dim=0).size(0) and calls[1] == len(item_seq)
+    # One full-sort pass over the distinct sequences, then the scorer's one-time check of
+    # its first two sequences against the model's own predict.
+    assert calls[0] == torch.unique(item_seq, dim=0).size(0) and distinct_calls == 2
+    assert calls[-1] == len(item_seq)
     torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-6)
     assert scores.shape == lengths.shape
 

@@ -192,25 +192,10 @@ class TransformerRecommender(SequentialRecommender):
         (e.g. a sparsity penalty of an attention operator); 0 when none does."""
         return component_regularisation(self.encoder)
 
-    def encode_distinct(self, item_seq: torch.Tensor, item_seq_len: torch.Tensor):
-        """``forward`` once per distinct sequence of the batch, in evaluation mode.
-
-        RecBole's sampled evaluation (``uni100``) scores each candidate item in its own
-        row, so every user's sequence appears 101 times in a batch; ``forward`` is a
-        per-row function once dropout and mask sampling are off, so encoding each
-        sequence once gives the same scores about 100 times faster."""
-        if self.training:
-            return self.forward(item_seq, item_seq_len)
-        distinct, inverse = torch.unique(item_seq, dim=0, return_inverse=True)
-        if distinct.size(0) == item_seq.size(0):
-            return self.forward(item_seq, item_seq_len)
-        lengths = item_seq_len.new_empty(distinct.size(0)).scatter_(0, inverse, item_seq_len)
-        return self.forward(distinct, lengths)[inverse]
-
     def predict(self, interaction):
-        seq_output = self.encode_distinct(
-            interaction[self.ITEM_SEQ], interaction[self.ITEM_SEQ_LEN]
-        )
+        # Sampled evaluation does not come here row by row: ``evaluation.SampledScorer``
+        # reads these scores off one full-sort pass per distinct sequence.
+        seq_output = self.forward(interaction[self.ITEM_SEQ], interaction[self.ITEM_SEQ_LEN])
         return (seq_output * self.item_embedding(interaction[self.ITEM_ID])).sum(-1)
 
     def full_sort_predict(self, interaction):

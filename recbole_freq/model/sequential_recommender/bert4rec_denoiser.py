@@ -81,9 +81,7 @@ class BERT4RecDenoiser(DenoisingRecommender):
         return self.item_embedding.weight[: self.n_items]  # without the mask token
 
     def predict(self, interaction):
-        seq_output = self.encode_distinct(
-            interaction[self.ITEM_SEQ], interaction[self.ITEM_SEQ_LEN]
-        )
+        seq_output = self.forward(interaction[self.ITEM_SEQ], interaction[self.ITEM_SEQ_LEN])
         items = interaction[self.ITEM_ID]
         return (seq_output * self.item_embedding(items)).sum(-1) + self.output_bias[items]
 
