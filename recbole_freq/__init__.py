@@ -4,10 +4,6 @@ from recbole_freq import compat
 
 compat.apply()
 
-from recbole_freq.data import forbid_recbole_downloads  # noqa: E402
-
-forbid_recbole_downloads()
-
 from recbole_freq.config import FreqConfig, get_model_class  # noqa: E402
 from recbole_freq.model import MODELS  # noqa: E402
 

@@ -61,6 +61,12 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
    ``PickledCacheRefused``; ``save_dataset`` / ``save_dataloaders`` are ignored with a
    warning (a cache that is never read is only a trap for other tools).
 
+9. RecBole's ``Dataset._download`` fetches its own version of any dataset whose folder is
+   missing, and several of its names (``ml-1m``, ``yelp``, ``lastfm`` ...) denote data
+   that differ from the papers' preprocessed sets: a silently different dataset would
+   make every number wrong.  The replacement raises ``data.DatasetNotPreparedError``,
+   which names the ``dataset_prep`` command that prepares it.
+
 ``apply()`` is idempotent and runs when ``recbole_freq`` is imported.
 """
 
@@ -359,6 +365,18 @@ def _never_read_pickled_caches() -> None:
                 setattr(module, name, replacement)
 
 
+def _refuse_download(dataset):
+    from recbole_freq.data import not_prepared_error
+
+    raise not_prepared_error(dataset.dataset_name, dataset.dataset_path)
+
+
+def _never_download_datasets() -> None:
+    from recbole.data.dataset import Dataset
+
+    Dataset._download = _refuse_download
+
+
 def apply() -> None:
     """Install every fix once; safe to call repeatedly."""
     global _applied
@@ -372,4 +390,5 @@ def apply() -> None:
     _make_ensure_dir_race_free()
     _give_each_run_its_own_log()
     _never_read_pickled_caches()
+    _never_download_datasets()
     _applied = True

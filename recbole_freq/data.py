@@ -1,16 +1,13 @@
 """Dataset guard: a dataset is used only where it was prepared, never downloaded.
 
-RecBole downloads its own version of a dataset whose folder is missing, and several of
-its names (``ml-1m``, ``yelp``, ``lastfm`` ...) denote data that differ from the papers'
-preprocessed sets.  A silently different dataset would make every number wrong, so a
-missing dataset is an error that names the command preparing it.
+A missing dataset is an error that names the command preparing it (``check_prepared``;
+RecBole's own download is replaced by the same error in ``compat``, fix 9), and every
+run records a fingerprint of the atomic files it read (``dataset_fingerprint``).
 """
 
 from __future__ import annotations
 
 import os
-
-from recbole.data.dataset import Dataset
 
 
 class DatasetNotPreparedError(FileNotFoundError):
@@ -65,12 +62,3 @@ def dataset_fingerprint(config) -> str:
                 digest.update(block)
         digest.update(b"\0")
     return digest.hexdigest()
-
-
-def _refuse_download(self):
-    raise not_prepared_error(self.dataset_name, self.dataset_path)
-
-
-def forbid_recbole_downloads() -> None:
-    """Replace RecBole's ``Dataset._download`` by the not-prepared error."""
-    Dataset._download = _refuse_download

@@ -45,15 +45,18 @@ REPORTED_METRICS = [f"{name}@{k}" for k in (5, 10, 20) for name in ("hit", "ndcg
 
 
 class TrainingRecorder:
-    """Per-epoch training loss, validation metrics and time of a RecBole trainer."""
+    """Per-epoch training loss, validation metrics and time of a RecBole trainer: the one
+    place that hooks into the trainer's epochs (``_train_epoch`` / ``_valid_epoch`` of
+    this instance).  ``before_epoch(epoch)`` runs before an epoch once all earlier ones
+    are complete (the resume state is written there); ``after_valid(record)`` after each
+    validation, with the epoch's record (the search reports it to Ray Tune there)."""
 
     def __init__(self, trainer):
         self.trainer = trainer
         self.epochs: list[dict] = []
         self.train_seconds = 0.0
-        # Called with the epoch about to start once all earlier ones are complete
-        # (the resume state is written there).
         self.before_epoch = None
+        self.after_valid = None
         train_epoch, valid_epoch = trainer._train_epoch, trainer._valid_epoch
 
         def timed_train_epoch(train_data, epoch_idx, *args, **kwargs):
@@ -73,6 +76,8 @@ class TrainingRecorder:
         def recorded_valid_epoch(*args, **kwargs):
             score, result = valid_epoch(*args, **kwargs)
             self.epochs[-1].update(valid_score=float(score), valid=dict(result))
+            if self.after_valid is not None:
+                self.after_valid(self.epochs[-1])
             return score, result
 
         trainer._train_epoch = timed_train_epoch

@@ -80,22 +80,14 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
     trainer = get_trainer(config["MODEL_TYPE"], config["model"])(config, model)
     trainer.saved_model_file = unique_checkpoint_path(config)
     recorder = TrainingRecorder(trainer)
-    recorded_valid_epoch = trainer._valid_epoch
-
-    def reported_valid_epoch(*args, **kwargs):
-        score, result = recorded_valid_epoch(*args, **kwargs)
-        epoch = recorder.epochs[-1]
-        tune.report(
-            {
-                "valid_score": float(score),
-                "epoch": epoch["epoch"],
-                "train_loss": epoch["train_loss"],
-                **{f"valid_{key}": float(value) for key, value in result.items()},
-            }
-        )
-        return score, result
-
-    trainer._valid_epoch = reported_valid_epoch
+    recorder.after_valid = lambda epoch: tune.report(
+        {
+            "valid_score": epoch["valid_score"],
+            "epoch": epoch["epoch"],
+            "train_loss": epoch["train_loss"],
+            **{f"valid_{key}": float(value) for key, value in epoch["valid"].items()},
+        }
+    )
     best_valid_score, best_valid_result = trainer.fit(
         train_data, valid_data, saved=True, show_progress=False
     )
