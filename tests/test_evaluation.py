@@ -7,10 +7,11 @@ import torch
 from recbole.data import create_dataset, data_preparation
 from recbole.utils import init_seed
 
-from conftest import without_transformer_settings
+from conftest import first_batch, without_transformer_settings
 from recbole_freq import quick_start
 from recbole_freq.config import FreqConfig, get_model_class, properties_dir
 from recbole_freq.evaluation import SampledScorer, use_full_sort_for_sampled_scoring
+from recbole_freq.model import BERT4RecDenoiser, RecDenoiser
 from recbole_freq.quick_start import run
 
 UNI100 = str(properties_dir() / "protocol" / "uni100.yaml")
@@ -67,3 +68,58 @@ def test_uni100_run_of_a_recbole_baseline_matches_its_own_predict(small_config, 
     slow = run("SASRec", "tiny", config_files=[UNI100], cmd_overrides=overrides, saved=False)
     for metric, value in slow["test_result"].items():
         assert fast["test_result"][metric] == pytest.approx(value, abs=1e-4), metric
+
+
+def test_uni100_protocol_file(small_config):
+    protocol = properties_dir() / "protocol" / "uni100.yaml"
+    summary = run(
+        "RecDenoiser",
+        "tiny",
+        config_files=[str(protocol)],
+        cmd_overrides=dict(small_config, epochs=1),
+        saved=False,
+    )
+    assert summary["config"]["eval_args"]["mode"] == {"valid": "uni100", "test": "uni100"}
+    assert summary["valid_metric"] == "NDCG@10" and "hit@10" in summary["test_result"]
+    full = properties_dir() / "protocol" / "full_sort.yaml"
+    assert "mode: full" in full.read_text()
+
+
+@pytest.mark.parametrize("model", ["RecDenoiser", "BERT4RecDenoiser"])
+def test_sampled_evaluation_encodes_each_sequence_once_with_the_same_scores(small_config, model):
+    """A uni100 batch repeats each user's sequence once per candidate; the sampled scorer
+    that runs and tune install (``evaluation.SampledScorer``) encodes each distinct
+    sequence once and must score exactly as ``predict`` row by row."""
+    protocol = str(properties_dir() / "protocol" / "uni100.yaml")
+    config = FreqConfig(model, "tiny", [protocol], cmd_overrides=small_config)
+    init_seed(config["seed"], config["reproducibility"])
+    _, _, test = data_preparation(config, create_dataset(config))
+    recommender = {"RecDenoiser": RecDenoiser, "BERT4RecDenoiser": BERT4RecDenoiser}[model](
+        config, test._dataset
+    )
+    with torch.no_grad():
+        for operator in [block.mixer.attention.operator for block in recommender.encoder.blocks]:
+            operator.phi.copy_(torch.randn_like(operator.phi))
+    recommender.eval()
+    batch = first_batch(test)
+    item_seq, lengths = batch["item_id_list"], batch["item_length"]
+    assert torch.unique(item_seq, dim=0).size(0) * 50 < item_seq.size(0)  # 101 rows a user
+
+    calls = []
+    recommender.encoder.register_forward_hook(
+        lambda module, args, output: calls.append(args[0].size(0))
+    )
+    with torch.no_grad():
+        scores = SampledScorer(recommender)(batch)
+        distinct_calls = len(calls)
+        every_row = recommender.forward(item_seq, lengths)  # no deduplication
+    items = batch["item_id"]
+    expected = (every_row * recommender.item_embedding(items)).sum(-1)
+    if model == "BERT4RecDenoiser":
+        expected = expected + recommender.output_bias[items]
+    # One full-sort pass over the distinct sequences, then the scorer's one-time check of
+    # its first two sequences against the model's own predict.
+    assert calls[0] == torch.unique(item_seq, dim=0).size(0) and distinct_calls == 2
+    assert calls[-1] == len(item_seq)
+    torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-6)
+    assert scores.shape == lengths.shape

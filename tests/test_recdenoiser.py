@@ -7,14 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from recbole.data import create_dataset, data_preparation
 from recbole.model.sequential_recommender import BERT4Rec, SASRec
 from recbole.trainer import Trainer
-from recbole.utils import init_seed
 
 from conftest import first_batch, prepare
-from recbole_freq.config import FreqConfig, properties_dir
-from recbole_freq.evaluation import SampledScorer
 from recbole_freq.model import BERT4RecDenoiser, RecDenoiser
 from recbole_freq.model.denoising import (
     DenoisingMaskAttention,
@@ -25,7 +21,6 @@ from recbole_freq.model.denoising import (
 from recbole_freq.model.encoder import build_encoder
 from recbole_freq.model.layers import attention_probabilities, build_attention_mask
 from recbole_freq.model.objectives import DenoisingObjective, DenoisingPass, jacobian_norm_estimate
-from recbole_freq.noise import corrupt_sequences
 from recbole_freq.quick_start import run
 
 NO_REGULARISERS = {"sparsity_beta": 0.0, "jacobian_gamma": 0.0}
@@ -520,140 +515,7 @@ def test_backbones_and_estimators_train_through_recbole(small_config, model, ove
     assert len(summary["model_report"]["learned_masks"]) == 2
 
 
-def test_uni100_protocol_file(small_config):
-    protocol = properties_dir() / "protocol" / "uni100.yaml"
-    summary = run(
-        "RecDenoiser",
-        "tiny",
-        config_files=[str(protocol)],
-        cmd_overrides=dict(small_config, epochs=1),
-        saved=False,
-    )
-    assert summary["config"]["eval_args"]["mode"] == {"valid": "uni100", "test": "uni100"}
-    assert summary["valid_metric"] == "NDCG@10" and "hit@10" in summary["test_result"]
-    full = properties_dir() / "protocol" / "full_sort.yaml"
-    assert "mode: full" in full.read_text()
-
-
-@pytest.mark.parametrize("model", ["RecDenoiser", "BERT4RecDenoiser"])
-def test_sampled_evaluation_encodes_each_sequence_once_with_the_same_scores(small_config, model):
-    """A uni100 batch repeats each user's sequence once per candidate; the sampled scorer
-    that runs and tune install (``evaluation.SampledScorer``) encodes each distinct
-    sequence once and must score exactly as ``predict`` row by row."""
-    protocol = str(properties_dir() / "protocol" / "uni100.yaml")
-    config = FreqConfig(model, "tiny", [protocol], cmd_overrides=small_config)
-    init_seed(config["seed"], config["reproducibility"])
-    _, _, test = data_preparation(config, create_dataset(config))
-    recommender = {"RecDenoiser": RecDenoiser, "BERT4RecDenoiser": BERT4RecDenoiser}[model](
-        config, test._dataset
-    )
-    with torch.no_grad():
-        for operator in operators(recommender):
-            operator.phi.copy_(torch.randn_like(operator.phi))
-    recommender.eval()
-    batch = first_batch(test)
-    item_seq, lengths = batch["item_id_list"], batch["item_length"]
-    assert torch.unique(item_seq, dim=0).size(0) * 50 < item_seq.size(0)  # 101 rows a user
-
-    calls = []
-    recommender.encoder.register_forward_hook(
-        lambda module, args, output: calls.append(args[0].size(0))
-    )
-    with torch.no_grad():
-        scores = SampledScorer(recommender)(batch)
-        distinct_calls = len(calls)
-        every_row = recommender.forward(item_seq, lengths)  # no deduplication
-    items = batch["item_id"]
-    expected = (every_row * recommender.item_embedding(items)).sum(-1)
-    if model == "BERT4RecDenoiser":
-        expected = expected + recommender.output_bias[items]
-    # One full-sort pass over the distinct sequences, then the scorer's one-time check of
-    # its first two sequences against the model's own predict.
-    assert calls[0] == torch.unique(item_seq, dim=0).size(0) and distinct_calls == 2
-    assert calls[-1] == len(item_seq)
-    torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-6)
-    assert scores.shape == lengths.shape
-
-
 # --- noise ----------------------------------------------------------------------------------
-
-
-def histories_of(dataset):
-    feat = dataset.inter_feat
-    return {key: feat[key].clone() for key in ("user_id", "item_id", "item_id_list", "item_length")}
-
-
-def test_noise_corrupts_the_given_fraction_reproducibly_and_leaves_evaluation_clean(
-    small_config,
-):
-    _, train, valid, test = prepare("SASRec", small_config)
-    datasets = [loader._dataset for loader in (train, valid, test)]
-    clean = [histories_of(d) for d in datasets]
-    stats = corrupt_sequences(*datasets, ratio=0.2, seed=11, scope="train")
-    noisy_train = histories_of(datasets[0])
-    assert stats["replaced"] == round(0.2 * stats["training_interactions"])
-    # Validation and test rows are untouched.
-    for before, dataset in zip(clean[1:], datasets[1:]):
-        after = histories_of(dataset)
-        assert all(torch.equal(before[k], after[k]) for k in before)
-    # Each interaction changed once: count it in the per-user sequences (first rows'
-    # history item + every target), and check every history is a window of them.
-    changed = (noisy_train["item_id"] != clean[0]["item_id"]).sum().item()
-    first = clean[0]["item_length"] == 1
-    changed += (
-        (noisy_train["item_id_list"][first, 0] != clean[0]["item_id_list"][first, 0]).sum().item()
-    )
-    assert changed == stats["replaced"]
-    corrupt_sequences(*datasets, ratio=0.0, seed=0)  # re-checks the prefix layout
-    held_out = {}
-    for dataset in datasets[1:]:
-        for u, i in zip(
-            dataset.inter_feat["user_id"].tolist(), dataset.inter_feat["item_id"].tolist()
-        ):
-            held_out.setdefault(u, set()).add(i)
-    replaced = noisy_train["item_id"] != clean[0]["item_id"]
-    for u, i in zip(
-        noisy_train["user_id"][replaced].tolist(), noisy_train["item_id"][replaced].tolist()
-    ):
-        assert i not in held_out.get(u, set()) and i != 0
-
-    # Same seed, same corruption; another seed, another one.
-    _, train2, valid2, test2 = prepare("SASRec", small_config)
-    again = [loader._dataset for loader in (train2, valid2, test2)]
-    corrupt_sequences(*again, ratio=0.2, seed=11)
-    assert torch.equal(histories_of(again[0])["item_id_list"], noisy_train["item_id_list"])
-    _, train3, valid3, test3 = prepare("SASRec", small_config)
-    other = [loader._dataset for loader in (train3, valid3, test3)]
-    corrupt_sequences(*other, ratio=0.2, seed=12)
-    assert not torch.equal(histories_of(other[0])["item_id"], noisy_train["item_id"])
-
-
-def test_noise_observed_scope_shares_corrupted_histories_with_evaluation(small_config):
-    _, train, valid, test = prepare("SASRec", small_config)
-    datasets = [loader._dataset for loader in (train, valid, test)]
-    clean = [histories_of(d) for d in datasets]
-    corrupt_sequences(*datasets, ratio=0.3, seed=3, scope="observed")
-    for before, dataset in zip(clean[1:], datasets[1:]):
-        after = histories_of(dataset)
-        assert torch.equal(before["item_id"], after["item_id"])  # targets stay clean
-        assert not torch.equal(before["item_id_list"], after["item_id_list"])
-    # A validation history ends with the user's (corrupted) last training target.
-    train_feat, valid_feat = datasets[0].inter_feat, datasets[1].inter_feat
-    last_target = {}
-    order = torch.argsort(train_feat["timestamp"], stable=True).tolist()
-    for u, i in zip(train_feat["user_id"][order].tolist(), train_feat["item_id"][order].tolist()):
-        last_target[u] = i
-    for u, hist, length in zip(
-        valid_feat["user_id"].tolist(), valid_feat["item_id_list"], valid_feat["item_length"]
-    ):
-        assert hist[length - 1].item() == last_target[u]
-
-
-def test_noise_switch_runs_end_to_end(small_config):
-    summary = run(
-        "SASRec", "tiny", cmd_overrides=dict(small_config, epochs=1, noise_ratio=0.2), saved=False
-    )
-    assert summary["noise"]["replaced"] == round(0.2 * summary["noise"]["training_interactions"])
 
 
 # --- bad input ------------------------------------------------------------------------------
@@ -693,12 +555,6 @@ def test_bert4rec_denoiser_rejects_a_sasrec_backbone(small_config):
     config["backbone"] = "SASRec"
     with pytest.raises(ValueError, match="use --model=RecDenoiser"):
         BERT4RecDenoiser(config, train._dataset)
-
-
-@pytest.mark.parametrize("ratio", [1.0, -0.1, 1.5])
-def test_noise_ratio_outside_unit_interval_is_rejected(small_config, ratio):
-    with pytest.raises(ValueError, match=rf"noise_ratio={ratio} must lie in \[0, 1\)"):
-        run("SASRec", "tiny", cmd_overrides=dict(small_config, noise_ratio=ratio), saved=False)
 
 
 def test_operator_is_registered_for_any_model():

@@ -1,0 +1,28 @@
+"""Every registered model through the whole pipeline: train one epoch, evaluate, reload."""
+
+import math
+
+import pytest
+import torch
+
+from recbole_freq.checkpoint import restore_model, weights_fingerprint
+from recbole_freq.model import MODELS
+from recbole_freq.quick_start import REPORTED_METRICS, run
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_every_model_trains_evaluates_and_reloads(small_config, model):
+    summary = run(model, "tiny", cmd_overrides=dict(small_config, epochs=1))
+    assert summary["epochs_run"] == 1
+    test = summary["test_result"]
+    assert set(REPORTED_METRICS) <= set(test)
+    assert all(0.0 <= value <= 1.0 and not math.isnan(value) for value in test.values())
+
+    restored, config, _, (_, _, test_data), checkpoint = restore_model(summary["checkpoint"])
+    assert type(restored).__name__ == model and not restored.training
+    assert checkpoint["weights_sha256"] == summary["weights_sha256"]
+    assert weights_fingerprint(restored.state_dict()) == summary["weights_sha256"]
+    batch = next(iter(test_data))[0]
+    with torch.no_grad():
+        scores = restored.full_sort_predict(batch)
+    assert scores.shape == (len(batch), restored.n_items) and torch.isfinite(scores).all()
