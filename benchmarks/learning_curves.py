@@ -17,6 +17,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from recbole_freq.files import write_atomic  # noqa: E402
+
 METRICS = ["hit@5", "ndcg@5", "hit@10", "ndcg@10", "hit@20", "ndcg@20"]
 
 
@@ -43,7 +45,7 @@ def plot(summaries, out: Path):
         axis.legend()
     figure.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=100)
+    write_atomic(out, lambda handle: figure.savefig(handle, format="png", dpi=100))
 
 
 def table(summaries) -> str:

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
+
+from recbole_freq.files import plain_value, write_atomic
 
 HERE = Path(__file__).resolve().parent
 RATIOS = [0.0, 0.05, 0.10, 0.15, 0.20, 0.25]
@@ -69,9 +70,7 @@ def run_grid(args, folder: Path):
                     "noise_scope",
                 )
             }
-            temporary = target.with_name(target.name + ".tmp")
-            temporary.write_text(json.dumps(kept, indent=2, default=str))
-            os.replace(temporary, target)
+            write_atomic(target, json.dumps(plain_value(kept), indent=2))
             print(f"wrote {target}")
 
 
@@ -150,8 +149,9 @@ def report(folder: Path, dataset: str) -> str:
         axis.legend()
     figure.suptitle(f"Noise robustness on {dataset}")
     figure.tight_layout()
-    figure.savefig(folder.parent / f"noise-curve-{dataset}.png", dpi=100)
-    (folder.parent / f"noise-curve-{dataset}.md").write_text(text + "\n")
+    png = folder.parent / f"noise-curve-{dataset}.png"
+    write_atomic(png, lambda handle: figure.savefig(handle, format="png", dpi=100))
+    write_atomic(folder.parent / f"noise-curve-{dataset}.md", text + "\n")
     return text
 
 
