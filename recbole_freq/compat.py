@@ -9,7 +9,9 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
    ``np.float``, ``np.int``, ``np.bool`` ... for RecBole's evaluators, which use
    ``np.float`` in ``recbole/evaluator/metrics.py``).  We restore exactly the types the
    old aliases named (float64, complex128, str_), and the others too so that RecBole
-   code running before any ``Config`` exists works.
+   code running before any ``Config`` exists works.  RecBole issues #1604, #1714, #2155,
+   #2215.  Test: ``test_compat.test_numpy_aliases_name_the_old_types``,
+   ``test_recbole_metrics_give_textbook_values``.
 2. torch >= 2.6 made ``torch.load(weights_only=True)`` the default, and RecBole's
    checkpoints hold a pickled ``Config``, so ``Trainer.evaluate(load_best_model=True)``
    fails.  Unpickling it in full is no answer: the file at that path may have been
@@ -20,26 +22,32 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
    ``load_data_and_model``, ``evaluate`` of another file) goes through the restricted
    loader of ``recbole_freq.checkpoint``, whoever wrote the file, and their
    ``torch.save`` through the plugin's atomic writer (``recbole_freq.files``), so a
-   failed re-save (a full disk) never replaces the previous good checkpoint.
+   failed re-save (a full disk) never replaces the previous good checkpoint.  RecBole
+   issues #2215 (evaluate after training), #2212 (the same break in NeuMF).  Tests:
+   ``test_compat.test_recboles_trainer_*``, ``test_untrusted_files``.
 3. pandas 3 breaks RecBole silently (chained ``fillna(..., inplace=True)`` fills nothing
    under copy-on-write) and loudly (id remapping on datasets with ``.user``/``.item``
    files).  There is no safe patch for a silent change, so we require pandas < 3 and say
    so at import time.  pandas 2.x's ``FutureWarning`` about exactly these calls, printed
    several times per dataset load, is then only noise and is silenced for RecBole's
-   dataset module alone.
+   dataset module alone.  No RecBole issue found (searched 2026-11-23).  Tests:
+   ``test_pandas_3_is_refused_with_the_fix``, ``test_loading_a_dataset_shows_no_pandas_*``.
 4. Importing RecBole's sequential models runs ``sine.py``, which calls
    ``torch.autograd.set_detect_anomaly(True)`` for the whole process: every later
    backward pass of every model is checked and traced, several times slower, with
    identical results.  We import that package once here and restore the anomaly setting
-   the caller had.
+   the caller had.  No RecBole issue found.  Test:
+   ``test_recbole_builtins_leave_autograd_anomaly_detection_off``.
 5. RecBole's wheel pins ``ray<=2.6.3``, which cannot import on numpy 2.  RecBole itself
    never imports Ray outside its own ``run_hyper`` path, so the plugin installs RecBole
-   with ``--no-deps`` next to a current Ray (see README); nothing to patch here.
+   with ``--no-deps`` next to a current Ray (docs/stack.md); nothing to patch here.
+   RecBole issue #2215 (Ray 2.6.3's ``np.bool8`` on numpy 2).
 
 6. ``recbole.utils.ensure_dir`` checks ``os.path.exists`` and then calls ``os.makedirs``,
    so two runs starting together (parallel Ray trials, comparison workers) crash with
    ``FileExistsError`` on ``log/<model>``.  Every module that imported it gets a version
-   that creates the folder with ``exist_ok=True``.
+   that creates the folder with ``exist_ok=True``.  No RecBole issue found.  Test:
+   ``test_recbole_ensure_dir_tolerates_a_folder_created_meanwhile``.
 
 7. ``recbole.utils.init_logger`` ends with ``logging.basicConfig(handlers=[stream, file])``,
    which does nothing once the root logger has handlers.  Every later run in the same
@@ -49,7 +57,9 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
    handlers that others installed (pytest, Ray).  The log file's name holds the time to
    the second and a hash of the config, so two identical runs started together (repeated
    trials, parallel comparison workers) shared one log file and one TensorBoard folder
-   (named after it); the time in the name gets a random suffix.
+   (named after it); the time in the name gets a random suffix.  No RecBole issue found.
+   Tests: ``test_each_run_in_one_process_writes_its_own_log``,
+   ``test_untrusted_files.test_two_identical_runs_started_together_write_separate_logs``.
 
 8. RecBole's ``create_dataset`` and ``data_preparation`` ``pickle.load`` the files
    ``<checkpoint_dir>/<dataset>-<DatasetClass>.pth`` and
@@ -59,13 +69,15 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
    the dataset from its atomic files every time and never read a pickle.  A config that
    names a cache to read (``dataset_save_path``, ``dataloaders_save_path``) is refused with
    ``PickledCacheRefused``; ``save_dataset`` / ``save_dataloaders`` are ignored with a
-   warning (a cache that is never read is only a trap for other tools).
+   warning (a cache that is never read is only a trap for other tools).  No RecBole issue
+   found.  Tests: ``test_untrusted_files.test_pickled_caches_*``, ``*_pickled_cache_*``.
 
 9. RecBole's ``Dataset._download`` fetches its own version of any dataset whose folder is
    missing, and several of its names (``ml-1m``, ``yelp``, ``lastfm`` ...) denote data
    that differ from the papers' preprocessed sets: a silently different dataset would
    make every number wrong.  The replacement raises ``data.DatasetNotPreparedError``,
-   which names the ``dataset_prep`` command that prepares it.
+   which names the ``dataset_prep`` command that prepares it.  Test:
+   ``test_recbole_never_downloads_a_missing_dataset``.
 
 ``apply()`` is idempotent and runs when ``recbole_freq`` is imported.
 """
