@@ -20,7 +20,6 @@ from recbole_freq.files import OutputWriteError, check_writable, write_atomic
 
 
 def build_parser() -> argparse.ArgumentParser:
-
     parser = CommandLineParser(
         prog="run_recbole_freq.py --analyze",
         allow_abbrev=False,
@@ -37,7 +36,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cli(argv: list[str]) -> int:
-
     args = build_parser().parse_args(argv)
     out = Path(args.out or Path("analysis") / "_vs_".join(Path(p).stem for p in args.analyze))
     try:

@@ -49,6 +49,7 @@ def report_error(error: BaseException) -> int:
 class UsageError(ValueError):
     """Bad use of the command line (exit code 2)."""
 
+
 class CommandLineParser(argparse.ArgumentParser):
     """``argparse`` whose errors follow the entry point's rule: one line, exit code 2
     (argparse's own prints the usage block and exits itself)."""
@@ -62,6 +63,12 @@ def split_config_files(files):
     if not files:
         return files
     return [name for entry in files for name in entry.split()]
+
+
+def parse_job_args(parser: argparse.ArgumentParser, argv: list[str]):
+    """The job's own flags, and every other ``--key=value`` as a config override."""
+    args, extra = parser.parse_known_args(argv)
+    return args, parse_overrides(extra, parser)
 
 
 def parse_overrides(extra: list[str], parser: argparse.ArgumentParser) -> dict:

@@ -9,7 +9,7 @@ import shlex
 from recbole_freq.cli.common import (
     EXPECTED_ERRORS,
     CommandLineParser,
-    parse_overrides,
+    parse_job_args,
     report_error,
     split_config_files,
 )
@@ -18,7 +18,6 @@ from recbole_freq.quick_start import DEFAULT_DATASET, RunInterrupted
 
 
 def build_parser() -> argparse.ArgumentParser:
-
     parser = CommandLineParser(
         prog="run_recbole_freq.py --compare",
         allow_abbrev=False,
@@ -52,10 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cli(argv: list[str]) -> int:
-
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    overrides = parse_overrides(extra, parser)
+    args, overrides = parse_job_args(parser, argv)
     try:
         result = compare(
             args.compare,

@@ -27,7 +27,6 @@ from recbole_freq.recommend import (
 
 
 def build_parser() -> argparse.ArgumentParser:
-
     parser = CommandLineParser(
         prog="run_recbole_freq.py --recommend",
         allow_abbrev=False,
@@ -66,7 +65,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cli(argv: list[str]) -> int:
-
     args = build_parser().parse_args(argv)
     fmt = args.format or ("json" if (args.output or "").endswith(".json") else "csv")
     try:

@@ -9,7 +9,7 @@ from recbole_freq.cli.common import (
     EXPECTED_ERRORS,
     CommandLineParser,
     UsageError,
-    parse_overrides,
+    parse_job_args,
     report_error,
     split_config_files,
 )
@@ -126,11 +126,10 @@ def format_summary(summary: dict) -> str:
 def cli(argv: list[str]) -> int:
     """Train and test one model, or ``--resume`` one; print the summary."""
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    overrides = parse_overrides(extra, parser)
+    args, overrides = parse_job_args(parser, argv)
     try:
         if args.resume:
-            if extra or args.config_files or args.paper:
+            if overrides or args.config_files or args.paper:
                 raise UsageError(
                     "--resume continues a run with its own settings; give no other settings"
                 )

@@ -8,7 +8,7 @@ import shlex
 from recbole_freq.cli.common import (
     EXPECTED_ERRORS,
     CommandLineParser,
-    parse_overrides,
+    parse_job_args,
     report_error,
     split_config_files,
 )
@@ -17,7 +17,6 @@ from recbole_freq.tune import SEARCHES, TrialsFailedError, default_search_name, 
 
 
 def build_parser() -> argparse.ArgumentParser:
-
     parser = CommandLineParser(
         prog="run_recbole_freq.py --hyper_file",
         allow_abbrev=False,
@@ -72,10 +71,8 @@ def _resume_argv(argv: list[str], name: str) -> list[str]:
 
 def cli(argv: list[str]) -> int:
     """``run_recbole_freq.py --hyper_file ...``: run a search, print the ranked trials."""
-
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    overrides = parse_overrides(extra, parser)
+    args, overrides = parse_job_args(parser, argv)
     # Named here, so that an interrupt can name the search to resume.
     name = args.name or default_search_name(args.model, args.dataset)
     try:
@@ -113,4 +110,3 @@ def cli(argv: list[str]) -> int:
     print(f"best configuration: {summary['best_yaml']}")
     print(f"all trials:         {summary['trials_csv']}")
     return 0
-
