@@ -9,7 +9,11 @@ import torch.nn.functional as F
 from recbole.model.abstract_recommender import SequentialRecommender
 from torch import nn
 
-from recbole_freq.model.denoising import DenoisingMaskAttention, sparsity_penalty_scale
+from recbole_freq.model.denoising import (
+    DenoisingMaskAttention,
+    learned_masks,
+    sparsity_penalty_scale,
+)
 from recbole_freq.model.encoder import ATTENTION_OPERATORS, RESIDUAL_PATHS, build_encoder
 from recbole_freq.model.layers import SequenceEmbedding, build_attention_mask, init_weights
 from recbole_freq.model.objectives import (
@@ -205,41 +209,9 @@ class TransformerRecommender(SequentialRecommender):
     # --- inspection -----------------------------------------------------------------
 
     def learned_masks(self) -> list[dict]:
-        """Per attention layer with ``denoise`` masks, the deterministic inference mask
-        (section 4.1.2) and what it prunes.
-
-        ``mask`` / ``keep_probability``: ``(heads, n, n)`` tensors (one head unless
-        ``mask_per_head``), row = query, column = key, laid out as in the paper's
-        left-padded sequences: index ``n - 1`` is the most recent item, whose row is the
-        one that predicts the next item (see ``denoising.mask_alignment_index``); links the
-        causal mask forbids are 0.  ``pruned_fraction``: share of the allowed links that
-        the inference mask removes; ``prediction_row_pruned_fraction`` the same for row
-        ``n - 1`` (which past items the prediction may use).
-        """
-        masks = []
-        for layer, block in enumerate(self.encoder.blocks):
-            operator = block.mixer.attention.operator
-            if not isinstance(operator, DenoisingMaskAttention):
-                continue
-            with torch.no_grad():
-                keep = operator.keep_probability().detach().cpu()
-                mask = operator.inference_mask().detach().cpu()
-            allowed = torch.ones_like(mask, dtype=torch.bool)
-            if not self.bidirectional:
-                allowed = allowed.tril()
-            mask = mask * allowed
-            kept = (mask > 0) & allowed
-            masks.append(
-                {
-                    "layer": layer,
-                    "mask": mask,
-                    "keep_probability": keep * allowed,
-                    "pruned_fraction": 1.0 - kept.sum().item() / allowed.sum().item(),
-                    "prediction_row_pruned_fraction": 1.0
-                    - kept[:, -1].sum().item() / allowed[:, -1].sum().item(),
-                }
-            )
-        return masks
+        """Per attention layer with ``denoise`` masks, the inference mask and what it
+        prunes (``denoising.learned_masks``)."""
+        return learned_masks(self.encoder, self.bidirectional)
 
     def run_summary(self) -> dict:
         """Added to the run summary by ``quick_start.run``: the learned masks of the

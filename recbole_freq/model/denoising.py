@@ -250,3 +250,41 @@ class DenoisingMaskAttention(nn.Module):
             f"sparsity_beta={self.sparsity_beta}, sparsity_scale={self.sparsity_scale:.3g}, "
             f"mask_sampling={self.mask_sampling}"
         )
+
+
+def learned_masks(encoder: nn.Module, bidirectional: bool) -> list[dict]:
+    """Per attention layer with ``denoise`` masks, the deterministic inference mask
+    (section 4.1.2) and what it prunes.
+
+    ``mask`` / ``keep_probability``: ``(heads, n, n)`` tensors (one head unless
+    ``mask_per_head``), row = query, column = key, laid out as in the paper's
+    left-padded sequences: index ``n - 1`` is the most recent item, whose row is the
+    one that predicts the next item (see ``mask_alignment_index``); links the
+    causal mask forbids are 0.  ``pruned_fraction``: share of the allowed links that
+    the inference mask removes; ``prediction_row_pruned_fraction`` the same for row
+    ``n - 1`` (which past items the prediction may use).
+    """
+    masks = []
+    for layer, block in enumerate(encoder.blocks):
+        operator = block.mixer.attention.operator
+        if not isinstance(operator, DenoisingMaskAttention):
+            continue
+        with torch.no_grad():
+            keep = operator.keep_probability().detach().cpu()
+            mask = operator.inference_mask().detach().cpu()
+        allowed = torch.ones_like(mask, dtype=torch.bool)
+        if not bidirectional:
+            allowed = allowed.tril()
+        mask = mask * allowed
+        kept = (mask > 0) & allowed
+        masks.append(
+            {
+                "layer": layer,
+                "mask": mask,
+                "keep_probability": keep * allowed,
+                "pruned_fraction": 1.0 - kept.sum().item() / allowed.sum().item(),
+                "prediction_row_pruned_fraction": 1.0
+                - kept[:, -1].sum().item() / allowed[:, -1].sum().item(),
+            }
+        )
+    return masks
