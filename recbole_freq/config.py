@@ -1,7 +1,9 @@
 """RecBole ``Config`` that knows the plugin's models and property files.
 
 Priority, lowest first: RecBole's own defaults and built-in model yaml, then
-``properties/overall.yaml`` (the shared evaluation protocol), the plugin model's yaml,
+``properties/overall.yaml``, the protocol's file ``properties/protocol/<protocol>.yaml``
+(``recbole_freq.protocol``; the protocol is the last one named by the sources below, in
+their priority), the plugin model's yaml,
 ``properties/dataset/<dataset>.yaml``, the user's ``config_files`` in order, the
 ``config_dict`` and finally the command-line overrides.  Unlike RecBole's ``Config``,
 command-line overrides are passed in explicitly and ``sys.argv`` is never read, so flags
@@ -24,6 +26,7 @@ import yaml
 from recbole.config import Config
 
 from recbole_freq.model import MODELS
+from recbole_freq.protocol import DEFAULT_PROTOCOL, protocol_file
 
 
 class UnknownModelError(ValueError):
@@ -93,6 +96,20 @@ def property_files(model_name: str, dataset: str | None, paper: bool = False) ->
             )
         files.append(str(paper_file))
     return files
+
+
+def chosen_protocol(files, config_dict, cmd_overrides) -> str:
+    """The protocol a configuration asks for, with the configuration's own priority: the
+    command line, then ``config_dict``, then the last file that names one (user files
+    after the paper file, after the model and dataset files, after ``overall.yaml``)."""
+    for source in (cmd_overrides, config_dict):
+        if source.get("protocol") is not None:
+            return source["protocol"]
+    for path in reversed(files):
+        value = read_config_file(path).get("protocol")
+        if value is not None:
+            return value
+    return DEFAULT_PROTOCOL
 
 
 class ConfigFileError(ValueError):
@@ -201,13 +218,17 @@ class FreqConfig(Config):
         self._shared_with = tuple(get_model_class(name) for name in shared_with)
         model_class = get_model_class(model)
         files = property_files(model_class.__name__, dataset, paper)
-        self._property_file_count = len(files)
-        self._user_file_keys: dict[str, str] = {}
+        user_files = []
         for path in config_file_list or []:
             if not Path(path).is_file():
                 raise FileNotFoundError(f"config file {path!r} does not exist")
-            files.append(str(path))
+            user_files.append(str(path))
         given_dict = dict(config_dict or {})
+        protocol = chosen_protocol(files + user_files, given_dict, self._cmd_overrides)
+        files.insert(1, protocol_file(protocol))
+        self._property_file_count = len(files)
+        self._user_file_keys: dict[str, str] = {}
+        files += user_files
         super().__init__(
             model=model_class, dataset=dataset, config_file_list=files, config_dict=config_dict
         )

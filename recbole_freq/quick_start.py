@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from recbole.data import create_dataset, data_preparation
 from recbole.data.utils import create_samplers, get_dataloader
-from recbole.utils import get_trainer, init_logger, init_seed
+from recbole.utils import init_logger, init_seed
 
 from recbole_freq.checkpoint import weights_fingerprint
 from recbole_freq.compat import current_log_file, saved_state
@@ -30,6 +30,12 @@ from recbole_freq.evaluation import use_full_sort_for_sampled_scoring
 from recbole_freq.files import OutputWriteError, check_writable, plain_value, write_atomic
 from recbole_freq.memory import TrainingOutOfMemory, check_memory, longest_history
 from recbole_freq.noise import corrupt_training_data
+from recbole_freq.protocol import (
+    apply_protocol,
+    protocol_record,
+    protocol_trainer,
+    use_protocol_negatives,
+)
 from recbole_freq.resume import (
     ResumeError,
     apply_resume_state,
@@ -89,9 +95,12 @@ class TrainingRecorder:
         if not scored:
             return None
         pick = max if self.trainer.valid_metric_bigger else min
-        # RecBole keeps the first epoch that reached the best score.
         best = pick(e["valid_score"] for e in scored)
-        return next(e["epoch"] for e in scored if e["valid_score"] == best)
+        reached = [e["epoch"] for e in scored if e["valid_score"] == best]
+        # The epoch whose checkpoint the trainer kept: RecBole's early_stopping counts a
+        # tie as an improvement (the last epoch reaching the best), the strict rule does
+        # not (the first).
+        return reached[0] if getattr(self.trainer, "stopping_rule", None) == "strict" else reached[-1]
 
 
 def run(
@@ -152,7 +161,7 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
     model_instance = new_model(config, train_data)
     use_full_sort_for_sampled_scoring(model_instance)
     logger.info(model_instance)
-    trainer = get_trainer(config["MODEL_TYPE"], config["model"])(config, model_instance)
+    trainer = protocol_trainer(config, model_instance)
     trainer.saved_model_file = unique_checkpoint_path(config)
     recorder = TrainingRecorder(trainer)
     loaders = (train_data, valid_data, test_data)
@@ -196,6 +205,7 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
     summary = {
         "model": config["model"],
         "dataset": config["dataset"],
+        "protocol": protocol_record(config),
         "seed": config["seed"],
         "device": str(config["device"]),
         "valid_metric": config["valid_metric"],
@@ -269,11 +279,11 @@ class ModelBuildError(ValueError):
 def load_splits(config, dataset=None):
     """The data half of config -> dataset -> splits -> model, the sequence every job and
     benchmark runs: seed, ``create_dataset`` (unless ``dataset`` is given), then
-    ``data_preparation``.  Returns ``(dataset, (train_data, valid_data, test_data))``."""
+    ``data_preparation`` and the run's protocol (``protocol.apply_protocol``).  Returns ``(dataset, (train_data, valid_data, test_data))``."""
     if dataset is None:
         init_seed(config["seed"], config["reproducibility"])
         dataset = create_dataset(config)
-    return dataset, tuple(data_preparation(config, dataset))
+    return dataset, tuple(apply_protocol(config, dataset, data_preparation(config, dataset)))
 
 
 def new_model(config, train_data):
@@ -452,6 +462,7 @@ def evaluate_extra_test_modes(config, recbole_dataset, loaders, trainer, saved) 
             test_data = get_dataloader(config, "test")(
                 config, built[2], test_sampler, shuffle=False
             )
+            use_protocol_negatives(config, test_data)
             results[mode] = dict(
                 trainer.evaluate(
                     test_data, load_best_model=saved, show_progress=config["show_progress"]

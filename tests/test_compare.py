@@ -277,3 +277,53 @@ def test_ray_tasks_larger_than_a_local_instance_are_refused(monkeypatch):
     options = {"cpus_per_run": 4.0, "address": "ray://head:10001"}
     _check_ray_resources({"CPU": 2.0}, options, True, warnings.append)
     assert warnings and "unless the cluster grows" in warnings[0]
+
+
+def test_protocols_side_by_side_and_mixed_protocols_refused(small_config, tmp_path):
+    """``--protocols`` trains every model under each protocol: one table per protocol and
+    a side-by-side one; runs of different protocols never share a table silently."""
+    out = tmp_path / "protocols"
+    overrides = overrides_of(small_config, epochs=1)
+    result = compare(
+        "BSARec,SASRec", "tiny", seeds="5", overrides=overrides, out=out,
+        protocols="recbole,bsarec",
+    )  # fmt: skip
+    assert sorted(p.name for p in (out / "runs").glob("*.json")) == [
+        "BSARec@bsarec-seed5.json",
+        "BSARec@recbole-seed5.json",
+        "SASRec@bsarec-seed5.json",
+        "SASRec@recbole-seed5.json",
+    ]
+    rows = {(row["model"], row["protocol"]): row for row in result["rows"]}
+    assert set(rows) == {(m, p) for m in ("BSARec", "SASRec") for p in ("recbole", "bsarec")}
+    # Each protocol's Improv. row compares with the baseline of the same protocol.
+    for protocol in ("recbole", "bsarec"):
+        stored = json.loads((out / "runs" / f"SASRec@{protocol}-seed5.json").read_text())
+        assert stored["summary"]["protocol"]["label"] == protocol
+        proposed = rows[("BSARec", protocol)]
+        baseline = stored["summary"]["test_result"]["ndcg@10"]
+        assert proposed["ndcg@10_improv_pct"] == pytest.approx(
+            improvement(proposed["ndcg@10_mean"], baseline)
+        )
+    markdown = result["markdown"]
+    assert markdown.startswith("## Protocols side by side")
+    assert "| Model | hit@5 recbole | hit@5 bsarec |" in markdown
+    assert "## Protocol bsarec" in markdown and "Protocol bsarec (docs/protocols.md)" in markdown
+
+    # Two folders of one protocol each, merged into one: refused, then allowed when asked.
+    mixed = tmp_path / "mixed"
+    for protocol, model in (("recbole", "SASRec"), ("bsarec", "BSARec")):
+        source = out / "runs" / f"{model}@{protocol}-seed5.json"
+        record = json.loads(source.read_text())
+        record["settings"].pop("protocols")
+        (mixed / "runs").mkdir(parents=True, exist_ok=True)
+        (mixed / "runs" / f"{model}-seed5.json").write_text(json.dumps(record))
+    with pytest.raises(ComparisonError, match="different protocols.*BSARec: bsarec.*--mixed"):
+        compare("BSARec,SASRec", "tiny", seeds="5", overrides=overrides, out=mixed)
+    table = compare(
+        "BSARec,SASRec", "tiny", seeds="5", overrides=overrides, out=mixed, mixed_protocols=True
+    )
+    assert "BSARec [bsarec]" in table["markdown"] and "Mixed protocols" in table["markdown"]
+    with pytest.raises(ComparisonError, match="give the protocol once"):
+        compare("SASRec", "tiny", seeds="5", overrides=dict(overrides, protocol="bsarec"),
+                out=tmp_path / "x", protocols="recbole")  # fmt: skip

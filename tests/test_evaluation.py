@@ -81,7 +81,8 @@ def test_uni100_protocol_file(small_config):
     )
     assert summary["config"]["eval_args"]["mode"] == {"valid": "uni100", "test": "uni100"}
     assert summary["valid_metric"] == "NDCG@10" and "hit@10" in summary["test_result"]
-    full = properties_dir() / "protocol" / "full_sort.yaml"
+    assert summary["protocol"]["label"] == "uni100"
+    full = properties_dir() / "protocol" / "recbole.yaml"
     assert "mode: full" in full.read_text()
 
 

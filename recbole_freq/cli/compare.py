@@ -41,6 +41,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--metrics", default=None, help="test metrics to report (default hit/ndcg @5,10,20)"
     )
+    parser.add_argument(
+        "--protocols",
+        default=None,
+        help="train and test every model under each of these protocols, comma-separated "
+        "(e.g. recbole,bsarec): a table per protocol and one side by side",
+    )
+    parser.add_argument(
+        "--mixed_protocols",
+        action="store_true",
+        help="table runs made under different protocols anyway (each row names its own)",
+    )
     parser.add_argument("--ray", action="store_true", help="run the trials as parallel Ray tasks")
     parser.add_argument("--cpus_per_run", type=float, default=1.0, help="Ray CPUs per run")
     parser.add_argument("--gpus_per_run", type=float, default=0.0, help="Ray GPUs per run")
@@ -64,6 +75,8 @@ def cli(argv: list[str]) -> int:
             baselines=args.baselines,
             metrics=args.metrics,
             use_ray=args.ray,
+            protocols=args.protocols,
+            mixed_protocols=args.mixed_protocols,
             cpus_per_run=args.cpus_per_run,
             gpus_per_run=args.gpus_per_run,
             ray_address=args.ray_address,

@@ -27,11 +27,14 @@ from recbole_freq.compare.runs import (
     RESERVED_OVERRIDES,
     ComparisonError,
     check_out_dir,
+    entry_name,
     load_run,
     run_file,
     run_on_ray,
+    run_protocol_label,
     run_sequential,
     run_settings,
+    split_entry,
     validate,
 )
 from recbole_freq.compare.tables import (
@@ -41,14 +44,33 @@ from recbole_freq.compare.tables import (
     markdown_table,
     paired_p_value,
     protocol_note,
+    protocol_side_by_side,
     runs_csv_text,
     save_plot,
     summarise,
 )
 from recbole_freq.files import check_writable, write_atomic
 from recbole_freq.model import MODELS
+from recbole_freq.protocol import protocol_file
 
 # ---------------------------------------------------------------------------- API
+
+
+def check_protocols(records: dict, entries, seeds, mixed: bool) -> dict:
+    """Each entry's protocol label; ``ComparisonError`` when the entries of one table were
+    made under different protocols, unless ``mixed`` (then each row names its own)."""
+    labels = {}
+    for entry in entries:
+        found = {run_protocol_label(records[(entry, seed)]) for seed in seeds}
+        labels[entry] = " / ".join(sorted(found))
+    if len(set(labels.values())) > 1 and not mixed:
+        listing = "; ".join(f"{split_entry(e)[0]}: {label}" for e, label in labels.items())
+        raise ComparisonError(
+            f"these runs were made under different protocols ({listing}), so their numbers "
+            "are not comparable; rerun them under one protocol, use --protocols to show each "
+            "model under several side by side, or pass --mixed_protocols to table them anyway"
+        )
+    return labels
 
 
 def _parse_list(value, name) -> list[str]:
@@ -83,6 +105,8 @@ def compare(
     baselines=None,
     metrics=None,
     use_ray: bool = False,
+    protocols=None,
+    mixed_protocols: bool = False,
     cpus_per_run: float = 1.0,
     gpus_per_run: float = 0.0,
     ray_address: str | None = None,
@@ -93,6 +117,10 @@ def compare(
 
     ``baselines``: the models the "Improv." row compares against; by default the RecBole
     built-ins among ``models`` (the others, i.e. plugin models, are "proposed").
+    ``protocols``: train and test every model under each of these protocols (one table
+    per protocol, and a side-by-side table of each model under all of them).  Without it
+    every run uses the configured protocol.  Runs of different protocols are never put
+    into one table (``ComparisonError``) unless ``mixed_protocols``.
     Returns ``rows`` (one dict per model, as in ``comparison.csv``), ``markdown``,
     ``files``, and the ``trained`` and ``skipped`` (model, seed) pairs.
     """
@@ -101,6 +129,14 @@ def compare(
     models = _parse_list(models, "--compare")
     seeds = _parse_seeds(seeds)
     overrides = dict(overrides or {})
+    if protocols is not None:
+        protocols = _parse_list(protocols, "--protocols")
+        if "protocol" in overrides:
+            raise ComparisonError(
+                "give the protocol once: --protocols for several, or --protocol for one"
+            )
+        for protocol in protocols:
+            protocol_file(protocol)  # ProtocolError names the protocols
     reserved = [key for key in RESERVED_OVERRIDES if key in overrides]
     if reserved:
         raise ComparisonError(
@@ -127,15 +163,19 @@ def compare(
     config_files = list(config_files or [])
 
     settings = run_settings(dataset, config_files, overrides)
-    config = validate(models, dataset, config_files, overrides, seeds)
+    if protocols is not None:
+        settings["protocols"] = protocols
+    configs = validate(models, dataset, config_files, overrides, seeds, protocols or [None])
+    config = next(iter(configs.values()))
     metrics = choose_metrics(
         None if metrics is None else _parse_list(metrics, "--metrics"), config
     )
     check_writable(out, "--out")
     check_out_dir(out, settings)
 
-    jobs = [(m, s) for m in models for s in seeds if not run_file(out, m, s).is_file()]
-    skipped = [(m, s) for m in models for s in seeds if (m, s) not in jobs]
+    entries = [entry_name(m, p) for m in models for p in (protocols or [None])]
+    jobs = [(e, s) for e in entries for s in seeds if not run_file(out, e, s).is_file()]
+    skipped = [(e, s) for e in entries for s in seeds if (e, s) not in jobs]
     if skipped:
         log(f"{len(skipped)} run(s) already stored in {out / 'runs'}: skipped")
     try:
@@ -155,18 +195,35 @@ def compare(
     except KeyboardInterrupt as interrupt:
         from recbole_freq.quick_start import RunInterrupted
 
-        stored = sum(run_file(out, m, s).is_file() for m in models for s in seeds)
+        stored = sum(run_file(out, e, s).is_file() for e in entries for s in seeds)
         partial = sorted((out / "partial").glob("*.resume.pth"))
-        kept = f"{stored} of {len(models) * len(seeds)} runs are stored in {out / 'runs'}"
+        kept = f"{stored} of {len(entries) * len(seeds)} runs are stored in {out / 'runs'}"
         if partial:
             kept += f"; the unfinished run keeps its completed epochs in {partial[0]}"
         raise RunInterrupted(kept) from interrupt
 
-    records = {(m, s): load_run(run_file(out, m, s)) for m in models for s in seeds}
+    records = {(e, s): load_run(run_file(out, e, s)) for e in entries for s in seeds}
     # Baselines first, as in the papers' tables; given order within each group.
     ordered = [m for m in models if m in baselines] + [m for m in models if m not in baselines]
-    rows = summarise(records, ordered, seeds, metrics, set(baselines))
-    markdown = markdown_table(rows, metrics, dataset, seeds, protocol_note(config))
+    rows, sections = [], []
+    for protocol in protocols or [None]:
+        group = [entry_name(m, protocol) for m in ordered]
+        labels = check_protocols(records, group, seeds, mixed_protocols)
+        group_rows = summarise(
+            records, group, seeds, metrics, {entry_name(m, protocol) for m in baselines}
+        )
+        for row in group_rows:
+            row["protocol"] = labels[row["model"]]
+            row["model"] = split_entry(row["model"])[0]
+        rows += group_rows
+        note = protocol_note(configs[protocol], sorted(set(labels.values())))
+        sections.append(markdown_table(group_rows, metrics, dataset, seeds, note))
+    if protocols:
+        sections = [
+            f"## Protocol {protocol}\n\n{section}" for protocol, section in zip(protocols, sections)
+        ]
+        sections.insert(0, protocol_side_by_side(rows, metrics, seeds, protocols))
+    markdown = "\n".join(sections)
     files = {
         "csv": out / "comparison.csv",
         "markdown": out / "comparison.md",
@@ -175,8 +232,13 @@ def compare(
     }
     write_atomic(files["csv"], csv_text(rows))
     write_atomic(files["markdown"], markdown)
-    write_atomic(files["runs_csv"], runs_csv_text(records, ordered, seeds, metrics))
-    save_plot(files["plot"], rows, metrics, dataset, seeds)
+    plot_entries = [entry_name(m, p) for p in (protocols or [None]) for m in ordered]
+    write_atomic(files["runs_csv"], runs_csv_text(records, plot_entries, seeds, metrics))
+    plot_rows = [
+        dict(row, model=entry_name(row["model"], p))
+        for row, p in zip(rows, [p for p in (protocols or [None]) for _ in ordered])
+    ]
+    save_plot(files["plot"], plot_rows, metrics, dataset, seeds)
     return {
         "rows": rows,
         "markdown": markdown,

@@ -75,6 +75,8 @@ def _settings_difference(stored: dict, wanted: dict) -> list[str]:
             f"{[f['path'] for f in stored.get('config_files', [])]} vs "
             f"{[f['path'] for f in wanted['config_files']]} (paths or contents differ)"
         )
+    if stored.get("protocols") != wanted.get("protocols"):
+        differences.append(f"--protocols {stored.get('protocols')} vs {wanted.get('protocols')}")
     old, new = stored.get("overrides", {}), wanted["overrides"]
     for key in sorted(set(old) | set(new)):
         if old.get(key, "<unset>") != new.get(key, "<unset>"):
@@ -83,6 +85,23 @@ def _settings_difference(stored: dict, wanted: dict) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- run files
+
+
+def entry_name(model: str, protocol: str | None) -> str:
+    """A comparison entry: a model, or a model under one of ``--protocols``."""
+    return model if protocol is None else f"{model}@{protocol}"
+
+
+def split_entry(entry: str) -> tuple[str, str | None]:
+    model, _, protocol = entry.partition("@")
+    return model, protocol or None
+
+
+def run_protocol_label(record: dict) -> str:
+    """The protocol a stored run was made under (runs stored before protocols were
+    recorded say so)."""
+    protocol = record["summary"].get("protocol")
+    return protocol["label"] if isinstance(protocol, dict) else "unrecorded"
 
 
 def run_file(out: Path, model: str, seed: int) -> Path:
@@ -147,6 +166,9 @@ def _train_one(
     ``resume_file``: the run's resume state, continued from if it exists."""
     from recbole_freq.quick_start import run
 
+    model, protocol = split_entry(model)
+    if protocol is not None:
+        overrides = {**overrides, "protocol": protocol}
     if workdir and os.path.isdir(workdir):
         # Ray workers of a remote cluster may start elsewhere; relative paths
         # (data_path, checkpoint_dir, log/) are meant relative to the driver's folder.
@@ -161,25 +183,26 @@ def _train_one(
     )
 
 
-def validate(models, dataset, config_files, overrides, seeds) -> dict:
+def validate(models, dataset, config_files, overrides, seeds, protocols=(None,)) -> dict:
     """Build each model's configuration once before any training, so that an unknown model,
     a missing file or an unprepared dataset fails in seconds, not after hours of runs.
-    Returns the configuration of the first model (for the protocol notes)."""
+    Returns the configuration of the first model under each protocol (for the notes)."""
     from recbole_freq.config import FreqConfig
     from recbole_freq.data import check_prepared
 
-    first = None
-    for model in models:
-        config = FreqConfig(
-            model,
-            dataset,
-            config_files,
-            cmd_overrides={**overrides, "seed": seeds[0]},
-            shared_with=models,
-        )
-        check_prepared(config)
-        if first is None:
-            first = config
+    first = {}
+    for protocol in protocols:
+        chosen = {} if protocol is None else {"protocol": protocol}
+        for model in models:
+            config = FreqConfig(
+                model,
+                dataset,
+                config_files,
+                cmd_overrides={**overrides, **chosen, "seed": seeds[0]},
+                shared_with=models,
+            )
+            check_prepared(config)
+            first.setdefault(protocol, config)
     return first
 
 

@@ -16,6 +16,7 @@ from recbole_freq.compare.runs import (
     ComparisonError,
 )
 from recbole_freq.files import write_atomic
+from recbole_freq.protocol import protocol_label
 from recbole_freq.quick_start import extra_test_modes
 
 # ---------------------------------------------------------------------------- statistics
@@ -187,8 +188,11 @@ def markdown_table(rows, metrics, dataset, seeds, protocol: str = "") -> str:
         best[metric] = pick(row[f"{metric}_mean"] for row in rows)
     # With one seed there is no spread to show: values alone.
     spread = len(seeds) > 1
+    mixed = len({row.get("protocol") for row in rows}) > 1
     for row in rows:
         cells = [row["model"] + (" (baseline)" if row["role"] == "baseline" else "")]
+        if mixed:
+            cells[0] += f" [{row['protocol']}]"
         for metric in metrics:
             text = f"{row[f'{metric}_mean']:.4f}"
             text += f" ± {row[f'{metric}_std']:.4f}" if spread else ""
@@ -280,9 +284,45 @@ def save_plot(path: Path, rows, metrics, dataset, seeds) -> None:
     write_atomic(path, lambda handle: figure.savefig(handle, format="png", dpi=120))
 
 
-def protocol_note(config) -> str:
+def protocol_side_by_side(rows, metrics, seeds, protocols) -> str:
+    """Each model's test results under every protocol, side by side: how much of a gap
+    between two tables is the protocol's."""
+    spread = len(seeds) > 1
+    header = ["Model", *(f"{metric} {protocol}" for metric in metrics for protocol in protocols)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    by_key = {(row["model"], row["protocol"].split("+")[0]): row for row in rows}
+    models = list(dict.fromkeys(row["model"] for row in rows))
+    for model in models:
+        cells = [model]
+        for metric in metrics:
+            for protocol in protocols:
+                row = by_key.get((model, protocol))
+                if row is None:
+                    cells.append("")
+                    continue
+                text = f"{row[f'{metric}_mean']:.4f}"
+                cells.append(text + (f" ± {row[f'{metric}_std']:.4f}" if spread else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    seeds_text = ", ".join(map(str, seeds))
+    lines += [
+        "",
+        f"The same models trained and tested under each protocol ({', '.join(protocols)}); "
+        f"test results, {'mean ± sample std over seeds ' if spread else 'seed '}{seeds_text}. "
+        "Each protocol's own table, with its Improv. rows, follows.",
+        "",
+    ]
+    return "## Protocols side by side\n\n" + "\n".join(lines)
+
+
+def protocol_note(config, labels=()) -> str:
+    labels = list(labels) or [protocol_label(config)]
+    named = (
+        f"Protocol {labels[0]} (docs/protocols.md)"
+        if len(labels) == 1
+        else f"Mixed protocols ({', '.join(labels)}; each row names its own)"
+    )
     note = (
-        f"Protocol: eval_args {dict(config['eval_args'])}, valid_metric {config['valid_metric']}, "
+        f"{named}: eval_args {dict(config['eval_args'])}, valid_metric {config['valid_metric']}, "
         f"epochs ≤ {config['epochs']}, stopping_step {config['stopping_step']}."
     )
     modes = extra_test_modes(config)

@@ -33,14 +33,20 @@ def build_attention_mask(item_seq: torch.Tensor, bidirectional: bool = False) ->
     """Boolean mask that hides padding keys (item id 0) and, unless bidirectional, the future.
 
     Same set of allowed (query, key) pairs as RecBole's ``get_attention_mask``, which
-    encodes it as an additive ``0 / -10000`` mask.
+    encodes it as an additive ``0 / -10000`` mask.  A query with no allowed key (an
+    all-padding input, e.g. the first row of ``train_rows: window``) is given every key:
+    under the additive mask all its scores shift by the same -10000, so its softmax is
+    the unmasked one, as in RecBole's and the BSARec authors' models, where a boolean
+    mask would give NaN.
     """
     keys_real = (item_seq != 0)[:, None, None, :]
     if bidirectional:
-        return keys_real
-    seq_len = item_seq.size(-1)
-    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=item_seq.device).tril()
-    return keys_real & causal
+        mask = keys_real
+    else:
+        seq_len = item_seq.size(-1)
+        causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=item_seq.device).tril()
+        mask = keys_real & causal
+    return mask | ~mask.any(dim=-1, keepdim=True)
 
 
 class SequenceEmbedding(nn.Module):

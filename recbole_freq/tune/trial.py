@@ -33,12 +33,13 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
     import ray
     from ray import tune
     from recbole.data import create_dataset
-    from recbole.utils import get_trainer, init_logger, init_seed
+    from recbole.utils import init_logger, init_seed
 
     from recbole_freq.config import FreqConfig
     from recbole_freq.data import check_prepared, dataset_fingerprint
     from recbole_freq.evaluation import use_full_sort_for_sampled_scoring
     from recbole_freq.noise import corrupt_training_data
+    from recbole_freq.protocol import protocol_label, protocol_trainer
     from recbole_freq.quick_start import (
         TrainingRecorder,
         evaluate_extra_test_modes,
@@ -77,7 +78,7 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
 
     model = new_model(config, train_data)
     use_full_sort_for_sampled_scoring(model)
-    trainer = get_trainer(config["MODEL_TYPE"], config["model"])(config, model)
+    trainer = protocol_trainer(config, model)
     trainer.saved_model_file = unique_checkpoint_path(config)
     recorder = TrainingRecorder(trainer)
     recorder.after_valid = lambda epoch: tune.report(
@@ -97,6 +98,7 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
     )
     final = {
         "final": True,
+        "protocol": protocol_label(config),
         "valid_score": float(best_valid_score),
         "best_epoch": recorder.best_epoch,
         "epochs_run": len(recorder.epochs),
