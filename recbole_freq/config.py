@@ -87,15 +87,20 @@ def property_files(model_name: str, dataset: str | None, paper: bool = False) ->
         candidates.append(root / "dataset" / f"{dataset}.yaml")
     files = [str(path) for path in candidates if path.is_file()]
     if paper:
-        paper_file = root / "paper" / model_name / f"{dataset}.yaml"
-        if not paper_file.is_file():
+        if paper_file(model_name, dataset) is None:
             available = sorted(p.stem for p in (root / "paper" / model_name).glob("*.yaml"))
             raise ValueError(
                 f"no paper settings for {model_name} on {dataset!r}; available: "
                 f"{', '.join(available) or 'none'}"
             )
-        files.append(str(paper_file))
+        files.append(str(paper_file(model_name, dataset)))
     return files
+
+
+def paper_file(model_name: str, dataset: str | None) -> Path | None:
+    """The paper's settings for this model and dataset (``properties/paper/``), if any."""
+    path = properties_dir() / "paper" / model_name / f"{dataset}.yaml"
+    return path if dataset and path.is_file() else None
 
 
 def chosen_protocol(files, config_dict, cmd_overrides) -> str:

@@ -327,3 +327,31 @@ def test_protocols_side_by_side_and_mixed_protocols_refused(small_config, tmp_pa
     with pytest.raises(ComparisonError, match="give the protocol once"):
         compare("SASRec", "tiny", seeds="5", overrides=dict(overrides, protocol="bsarec"),
                 out=tmp_path / "x", protocols="recbole")  # fmt: skip
+
+
+def test_paper_settings_per_model_and_the_protocol_they_name(small_config, tmp_path):
+    """``--paper`` gives each model that has paper settings for the dataset its own (BSARec
+    Table 6 on lastfm), leaves the others at their defaults, and runs all under the
+    protocol the paper files name."""
+    from conftest import write_sequences
+    from dataset_prep import convert_one_line
+
+    root = tmp_path / "data"
+    root.mkdir()
+    raw = write_sequences(root / "lastfm.txt")
+    convert_one_line(raw, root, "lastfm", show_progress=False, check=False)
+    overrides = overrides_of(small_config, epochs=1, data_path=str(root))
+    overrides.pop("n_heads")  # an override would win over the paper file
+    result = compare(
+        "BSARec,SASRec", "lastfm", seeds="5", overrides=overrides, out=tmp_path / "p", paper=True
+    )
+    runs = {
+        model: json.loads((tmp_path / "p" / "runs" / f"{model}-seed5.json").read_text())["summary"]
+        for model in ("BSARec", "SASRec")
+    }
+    assert (runs["BSARec"]["config"]["alpha"], runs["BSARec"]["config"]["n_heads"]) == (0.9, 1)
+    assert runs["SASRec"]["config"]["n_heads"] == 2  # RecBole's SASRec default
+    assert {run["protocol"]["label"] for run in runs.values()} == {"bsarec"}
+    assert "Protocol bsarec" in result["markdown"]
+    with pytest.raises(ComparisonError, match="none of SASRec has paper settings"):
+        compare("SASRec", "tiny", seeds="5", overrides=overrides, out=tmp_path / "q", paper=True)

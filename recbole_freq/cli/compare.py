@@ -48,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(e.g. recbole,bsarec): a table per protocol and one side by side",
     )
     parser.add_argument(
+        "--paper",
+        action="store_true",
+        help="models with paper settings for the dataset get them (properties/paper/), and "
+        "every model runs under the protocol they name unless one is given",
+    )
+    parser.add_argument(
         "--mixed_protocols",
         action="store_true",
         help="table runs made under different protocols anyway (each row names its own)",
@@ -77,6 +83,7 @@ def cli(argv: list[str]) -> int:
             use_ray=args.ray,
             protocols=args.protocols,
             mixed_protocols=args.mixed_protocols,
+            paper=args.paper,
             cpus_per_run=args.cpus_per_run,
             gpus_per_run=args.gpus_per_run,
             ray_address=args.ray_address,

@@ -56,6 +56,29 @@ from recbole_freq.protocol import protocol_file
 # ---------------------------------------------------------------------------- API
 
 
+def _paper_models(models, dataset, overrides: dict, protocols) -> list[str]:
+    """The models with paper settings for ``dataset``; sets ``overrides["protocol"]`` to
+    the protocol their paper files name when none is given."""
+    from recbole_freq.config import get_model_class, paper_file, read_config_file
+
+    files = {m: paper_file(get_model_class(m).__name__, dataset) for m in models}
+    paper_models = [m for m, path in files.items() if path is not None]
+    if not paper_models:
+        raise ComparisonError(
+            f"--paper: none of {', '.join(models)} has paper settings for {dataset!r} "
+            "(properties/paper/<model>/<dataset>.yaml)"
+        )
+    named = {read_config_file(files[m]).get("protocol") for m in paper_models} - {None}
+    if "protocol" not in overrides and protocols is None and named:
+        if len(named) > 1:
+            raise ComparisonError(
+                f"--paper: the paper files name different protocols ({', '.join(sorted(named))}); "
+                "choose one with --protocol"
+            )
+        overrides["protocol"] = named.pop()
+    return paper_models
+
+
 def check_protocols(records: dict, entries, seeds, mixed: bool) -> dict:
     """Each entry's protocol label; ``ComparisonError`` when the entries of one table were
     made under different protocols, unless ``mixed`` (then each row names its own)."""
@@ -107,6 +130,7 @@ def compare(
     use_ray: bool = False,
     protocols=None,
     mixed_protocols: bool = False,
+    paper: bool = False,
     cpus_per_run: float = 1.0,
     gpus_per_run: float = 0.0,
     ray_address: str | None = None,
@@ -121,6 +145,9 @@ def compare(
     per protocol, and a side-by-side table of each model under all of them).  Without it
     every run uses the configured protocol.  Runs of different protocols are never put
     into one table (``ComparisonError``) unless ``mixed_protocols``.
+    ``paper``: each model that has paper settings for ``dataset`` (``properties/paper/``)
+    gets them, as ``--paper`` does for one run; the others keep their defaults.  Unless a
+    protocol is given, every model runs under the protocol those paper files name.
     Returns ``rows`` (one dict per model, as in ``comparison.csv``), ``markdown``,
     ``files``, and the ``trained`` and ``skipped`` (model, seed) pairs.
     """
@@ -162,10 +189,15 @@ def compare(
     out = Path(out) if out is not None else Path("comparisons") / dataset
     config_files = list(config_files or [])
 
+    paper_models = _paper_models(models, dataset, overrides, protocols) if paper else []
     settings = run_settings(dataset, config_files, overrides)
     if protocols is not None:
         settings["protocols"] = protocols
-    configs = validate(models, dataset, config_files, overrides, seeds, protocols or [None])
+    if paper:
+        settings["paper"] = True
+    configs = validate(
+        models, dataset, config_files, overrides, seeds, protocols or [None], paper_models
+    )
     config = next(iter(configs.values()))
     metrics = choose_metrics(
         None if metrics is None else _parse_list(metrics, "--metrics"), config
@@ -184,12 +216,14 @@ def compare(
                 address=ray_address, cpus_per_run=cpus_per_run, gpus_per_run=gpus_per_run
             )
             trained = run_on_ray(
-                jobs, dataset, config_files, overrides, out, settings, log, ray_options, models
-            )
+                jobs, dataset, config_files, overrides, out, settings, log, ray_options, models,
+                paper_models,
+            )  # fmt: skip
         elif jobs:
             trained = run_sequential(
-                jobs, dataset, config_files, overrides, out, settings, log, tuple(models)
-            )
+                jobs, dataset, config_files, overrides, out, settings, log, tuple(models),
+                paper_models,
+            )  # fmt: skip
         else:
             trained = []
     except KeyboardInterrupt as interrupt:

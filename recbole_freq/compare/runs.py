@@ -75,6 +75,8 @@ def _settings_difference(stored: dict, wanted: dict) -> list[str]:
             f"{[f['path'] for f in stored.get('config_files', [])]} vs "
             f"{[f['path'] for f in wanted['config_files']]} (paths or contents differ)"
         )
+    if stored.get("paper") != wanted.get("paper"):
+        differences.append(f"--paper {bool(stored.get('paper'))} vs {bool(wanted.get('paper'))}")
     if stored.get("protocols") != wanted.get("protocols"):
         differences.append(f"--protocols {stored.get('protocols')} vs {wanted.get('protocols')}")
     old, new = stored.get("overrides", {}), wanted["overrides"]
@@ -159,11 +161,20 @@ def _store_run(out: Path, settings: dict, model: str, seed: int, summary: dict) 
 
 
 def _train_one(
-    model, dataset, config_files, overrides, seed, workdir=None, models=(), resume_file=None
+    model,
+    dataset,
+    config_files,
+    overrides,
+    seed,
+    workdir=None,
+    models=(),
+    resume_file=None,
+    paper_models=(),
 ) -> dict:
     """One run of the comparison (also the body of a Ray task); ``models``: all compared
     models, which share the overrides (a key one of them reads is accepted);
-    ``resume_file``: the run's resume state, continued from if it exists."""
+    ``resume_file``: the run's resume state, continued from if it exists;
+    ``paper_models``: the models that get their paper's settings (``--paper``)."""
     from recbole_freq.quick_start import run
 
     model, protocol = split_entry(model)
@@ -178,12 +189,15 @@ def _train_one(
         dataset,
         config_files,
         cmd_overrides={**overrides, "seed": seed},
+        paper=model in paper_models,
         shared_with=models,
         resume_file=resume_file,
     )
 
 
-def validate(models, dataset, config_files, overrides, seeds, protocols=(None,)) -> dict:
+def validate(
+    models, dataset, config_files, overrides, seeds, protocols=(None,), paper_models=()
+) -> dict:
     """Build each model's configuration once before any training, so that an unknown model,
     a missing file or an unprepared dataset fails in seconds, not after hours of runs.
     Returns the configuration of the first model under each protocol (for the notes)."""
@@ -199,6 +213,7 @@ def validate(models, dataset, config_files, overrides, seeds, protocols=(None,))
                 dataset,
                 config_files,
                 cmd_overrides={**overrides, **chosen, "seed": seeds[0]},
+                paper=model in paper_models,
                 shared_with=models,
             )
             check_prepared(config)
@@ -206,7 +221,9 @@ def validate(models, dataset, config_files, overrides, seeds, protocols=(None,))
     return first
 
 
-def run_sequential(jobs, dataset, config_files, overrides, out, settings, log, models):
+def run_sequential(
+    jobs, dataset, config_files, overrides, out, settings, log, models, paper_models=()
+):
     trained = []
     for index, (model, seed) in enumerate(jobs, 1):
         log(f"[{index}/{len(jobs)}] training {model} seed {seed} ...")
@@ -218,6 +235,7 @@ def run_sequential(jobs, dataset, config_files, overrides, out, settings, log, m
             seed,
             models=tuple(models),
             resume_file=partial_file(out, model, seed),
+            paper_models=tuple(paper_models),
         )
         _store_run(out, settings, model, seed, summary)
         trained.append((model, seed))
@@ -225,7 +243,9 @@ def run_sequential(jobs, dataset, config_files, overrides, out, settings, log, m
     return trained
 
 
-def run_on_ray(jobs, dataset, config_files, overrides, out, settings, log, ray_options, models):
+def run_on_ray(
+    jobs, dataset, config_files, overrides, out, settings, log, ray_options, models, paper_models=()
+):
     ray = import_ray("--ray", "ray[default]", ComparisonError)
     started_here = start_or_join(ray, ray_options.get("address"), error=ComparisonError)
     try:
@@ -250,6 +270,7 @@ def run_on_ray(jobs, dataset, config_files, overrides, out, settings, log, ray_o
             workdir,
             tuple(models),
             str(partial_file(out, model, seed).resolve()),
+            tuple(paper_models),
         ): (model, seed)
         for model, seed in jobs
     }
