@@ -161,7 +161,7 @@ class CheckpointMismatchError(ValueError):
     """A checkpoint whose weights do not fit the dataset it is being used with."""
 
 
-def restore_model(path, data_path=None, device="cpu"):
+def restore_model(path, data_path=None, device="cpu", adjust=None):
     """Rebuild a trained model and its data from a checkpoint, loaded safely.
 
     The dataset is rebuilt from the checkpoint's own config (same dataset name, filters,
@@ -170,6 +170,9 @@ def restore_model(path, data_path=None, device="cpu"):
     the path recorded at training time.  Every weight of the checkpoint must fit the model
     built on that dataset (same names and shapes, e.g. as many item embeddings as the
     dataset has items), else ``CheckpointMismatchError`` says what differs.
+
+    ``adjust(config)``: called before the data is loaded, to change how the model is
+    evaluated (``recbole_freq.evaluate``).
 
     Returns ``(model, config, dataset, (train_data, valid_data, test_data), checkpoint)``;
     the model is in evaluation mode on ``device``.
@@ -188,6 +191,8 @@ def restore_model(path, data_path=None, device="cpu"):
         config["data_path"] = os.path.join(str(data_path), config["dataset"])
     config["device"] = parse_device(device)
     config["show_progress"] = False
+    if adjust is not None:
+        adjust(config)
     check_prepared(config)
     _check_same_data(config, path)
     dataset, loaders = load_splits(config)

@@ -3,6 +3,7 @@ the published algorithms (the BSARec authors' ``src/dataset.py``, ``src/trainers
 ``src/metrics.py``, ``src/utils.py``; the SASRec evaluation), on the real RecBole
 pipeline and a small dataset with repeated items and users shorter than n."""
 
+import json
 import math
 import random
 
@@ -333,3 +334,34 @@ def test_every_model_trains_and_reports_under_the_bsarec_protocol(tiny_data, tmp
     assert summary["protocol"]["label"] == "bsarec"
     assert all(math.isfinite(e["train_loss"]) for e in summary["history"])
     assert 0.0 <= summary["test_result"]["ndcg@20"] <= 1.0
+
+
+def test_evaluate_one_checkpoint_under_several_protocols(small_config, tmp_path, capsys):
+    from recbole_freq.cli import main
+    from recbole_freq.evaluate import evaluate_checkpoint
+
+    summary = run("BSARec", "tiny", cmd_overrides=dict(small_config, epochs=1))
+    results = evaluate_checkpoint(
+        summary["checkpoint"], ["recbole", "history_mask=zero", "bsarec", "mode=uni10"]
+    )
+    assert [r["protocol"] for r in results] == [
+        "recbole",
+        "recbole+history_mask=zero",
+        "bsarec+train_rows=all_prefixes+stopping_rule=recbole",
+        "recbole+mode=uni10",
+    ]
+    # The recbole variant is the training run's own test.
+    for metric, value in summary["test_result"].items():
+        assert results[0]["test_result"][metric] == pytest.approx(value, abs=1e-4)
+    # bsarec ranks as history_mask=zero does; masking the history lifts the metrics here.
+    assert results[2]["test_result"] == results[1]["test_result"]
+    assert results[1]["test_result"]["ndcg@20"] != results[0]["test_result"]["ndcg@20"]
+    out = tmp_path / "ev.json"
+    assert (
+        main(["--evaluate", summary["checkpoint"], "--under", "recbole", "--output", str(out)]) == 0
+    )
+    assert "| recbole | recbole |" in capsys.readouterr().out
+    assert json.loads(out.read_text())[0]["test_result"] == results[0]["test_result"]
+    code = main(["--evaluate", summary["checkpoint"], "--under", "train_rows=window"])
+    assert code == 2
+    assert "'train_rows' cannot change after training" in capsys.readouterr().err

@@ -13,7 +13,7 @@ import sys
 from recbole_freq.cli.common import UsageError, report_error, report_interrupt
 
 # The flag that selects a job other than training -> the job's command-line module.
-JOBS = ("--hyper_file", "--compare", "--analyze", "--recommend")
+JOBS = ("--hyper_file", "--compare", "--analyze", "--recommend", "--evaluate")
 
 
 def selected_job(argv: list[str]) -> str | None:
@@ -34,6 +34,8 @@ def job_module(flag: str | None):
         from recbole_freq.cli import analyze as job
     elif flag == "--recommend":
         from recbole_freq.cli import recommend as job
+    elif flag == "--evaluate":
+        from recbole_freq.cli import evaluate as job
     else:
         from recbole_freq.cli import train as job
     return job
