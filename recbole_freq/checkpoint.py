@@ -212,9 +212,12 @@ def restore_model(path, data_path=None, device="cpu", adjust=None):
 
 def describe_checkpoint(path, config, checkpoint) -> str:
     """One line naming what ``restore_model`` loaded, for the user to check."""
+    from recbole_freq.protocol import protocol_label
+
     return (
         f"checkpoint {path}: {config['model']} on {config['dataset']}, epoch "
-        f"{checkpoint.get('epoch')}, weights sha256 {checkpoint['weights_sha256'][:16]}"
+        f"{checkpoint.get('epoch')}, protocol {protocol_label(config)}, weights sha256 "
+        f"{checkpoint['weights_sha256'][:16]}"
     )
 
 

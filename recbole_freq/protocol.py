@@ -346,6 +346,22 @@ def _interaction(columns):
 # ------------------------------------------------------------------------- trainer side
 
 
+class _RecordingEvaluator:
+    """RecBole's ``Evaluator`` that keeps the last top-k structure it evaluated (the
+    per-user hits ``ProtocolTrainer.per_user_ranks`` reads)."""
+
+    def __init__(self, evaluator):
+        self.evaluator = evaluator
+        self.last_topk = None
+
+    def evaluate(self, struct):
+        self.last_topk = struct["rec.topk"] if "rec.topk" in struct else None
+        return self.evaluator.evaluate(struct)
+
+    def __getattr__(self, name):
+        return getattr(self.evaluator, name)
+
+
 class _MetricSettings(dict):
     """The few settings RecBole's ``Evaluator`` reads, with more decimal places."""
 
@@ -356,6 +372,7 @@ class ProtocolTrainer:
     is RecBole's own."""
 
     def _init_protocol(self, config):
+        self.evaluator = _RecordingEvaluator(self.evaluator)
         settings = protocol_settings(config)
         self.history_mask = settings["history_mask"]
         self.stopping_rule = settings["stopping_rule"]
@@ -377,7 +394,34 @@ class ProtocolTrainer:
 
     def evaluate(self, eval_data, load_best_model=True, model_file=None, show_progress=False):
         self._eval_histories = getattr(eval_data._dataset, "protocol_histories", None)
+        self._eval_data = eval_data
         return super().evaluate(eval_data, load_best_model, model_file, show_progress)
+
+    def per_user_ranks(self) -> dict | None:
+        """Each user's rank of the target in the last evaluation, from RecBole's own top-k
+        structure (``rec.topk``): ``{"users": tokens, "rank": ranks, "topk": k}`` with
+        rank 0 where the target is not in the top ``k`` (the largest cut-off); ``None``
+        if no top-k metric was computed."""
+        topk = self.evaluator.last_topk
+        if topk is None:
+            return None
+        hits = topk[:, :-1].bool()
+        first = hits.int().argmax(dim=1) + 1
+        ranks = torch.where(hits.any(dim=1), first, torch.zeros_like(first))
+        loader = self._eval_data
+        dataset = loader._dataset
+        if hasattr(loader, "uid_list") and getattr(loader, "neg_sample_num", 0):
+            users = np.asarray(loader.uid_list)
+        else:
+            users = dataset.inter_feat[dataset.uid_field].numpy()
+        if len(users) != len(ranks):
+            return None
+        tokens = dataset.id2token(dataset.uid_field, users)
+        return {
+            "users": [str(token) for token in tokens],
+            "rank": ranks.tolist(),
+            "topk": hits.size(1),
+        }
 
     def _full_sort_batch_eval(self, batched_data):
         if self.history_mask == "none":

@@ -195,6 +195,7 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
         test_result = trainer.evaluate(
             test_data, load_best_model=saved, show_progress=config["show_progress"]
         )
+        test_per_user = trainer.per_user_ranks()
         extra_test_results = evaluate_extra_test_modes(
             config, recbole_dataset, (train_data, valid_data, test_data), trainer, saved
         )
@@ -225,6 +226,9 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
         "history": recorder.epochs,
         "config": {key: plain_value(config[key]) for key in config.final_config_dict},
     }
+    if test_per_user is not None:
+        # Per-user ranks let --compare test significance across users (compare.tables).
+        summary["test_per_user"] = test_per_user
     if extra_test_results:
         summary["extra_test_results"] = extra_test_results
     if noise:

@@ -355,3 +355,40 @@ def test_paper_settings_per_model_and_the_protocol_they_name(small_config, tmp_p
     assert "Protocol bsarec" in result["markdown"]
     with pytest.raises(ComparisonError, match="none of SASRec has paper settings"):
         compare("SASRec", "tiny", seeds="5", overrides=overrides, out=tmp_path / "q", paper=True)
+
+
+def test_multiple_testing_corrections():
+    from recbole_freq.compare.tables import adjust_p_values
+
+    raw = {"a": 0.01, "b": 0.04, "c": 0.03, "d": None}
+    holm = adjust_p_values(raw, "holm")
+    assert holm == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06, "d": None})
+    bh = adjust_p_values(raw, "bh")
+    assert bh == pytest.approx({"a": 0.03, "b": 0.04, "c": 0.04, "d": None})
+
+
+def test_per_user_significance_against_the_best_baseline(small_config, tmp_path):
+    """Beside the across-seed t-test, each proposed model is tested against the best
+    baseline per user: paired Wilcoxon and t on per-user values, Holm across the table."""
+    from scipy.stats import wilcoxon
+
+    from recbole_freq.compare.tables import adjust_p_values, per_user_values
+
+    out = tmp_path / "users"
+    overrides = overrides_of(small_config, epochs=1)
+    result = compare("BSARec,SASRec", "tiny", seeds="5,6", overrides=overrides, out=out)
+    bsarec = next(row for row in result["rows"] if row["model"] == "BSARec")
+    summaries = {
+        m: [json.loads(run_path.read_text())["summary"] for run_path in sorted((out / "runs").glob(f"{m}-*.json"))]
+        for m in ("BSARec", "SASRec")
+    }  # fmt: skip
+    raw = {}
+    for metric in METRICS:
+        ours = per_user_values(summaries["BSARec"], metric)[1]
+        theirs = per_user_values(summaries["SASRec"], metric)[1]
+        raw[metric] = None if (ours == theirs).all() else float(wilcoxon(ours, theirs).pvalue)
+    expected = adjust_p_values(raw, "holm")
+    for metric in METRICS:
+        assert bsarec[f"{metric}_p_wilcoxon_users"] == pytest.approx(expected[metric])
+    assert "p (Wilcoxon, users, holm) BSARec" in result["markdown"]
+    assert "Holm-corrected" in result["markdown"]

@@ -365,3 +365,25 @@ def test_evaluate_one_checkpoint_under_several_protocols(small_config, tmp_path,
     code = main(["--evaluate", summary["checkpoint"], "--under", "train_rows=window"])
     assert code == 2
     assert "'train_rows' cannot change after training" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["full", "uni10"])
+def test_per_user_ranks_give_recboles_metrics(small_config, mode):
+    """The per-user ranks every summary keeps (for the per-user significance tests) come
+    from RecBole's own top-k structure and average back to its metrics."""
+    from recbole_freq.compare.tables import per_user_values
+
+    overrides = dict(small_config, epochs=1, metric_decimal_place=10)
+    overrides["eval_args"] = {
+        "split": {"LS": "valid_and_test"},
+        "order": "TO",
+        "group_by": "user",
+        "mode": mode,
+    }
+    summary = run("SASRec", "tiny", cmd_overrides=overrides, saved=False)
+    per_user = summary["test_per_user"]
+    assert per_user["topk"] == 20 and len(per_user["users"]) == 60
+    assert len(set(per_user["users"])) == 60
+    for metric, value in summary["test_result"].items():
+        users, values = per_user_values([summary], metric)
+        assert values.mean() == pytest.approx(value, abs=1e-9), metric

@@ -293,6 +293,10 @@ def test_two_trial_search_writes_ranked_trials_and_a_trainable_best_yaml(
     assert best["alpha"] == float(rows[0]["alpha"])
     assert best["epochs"] == 2 and os.path.isabs(best["data_path"])
     assert "| 2 | " in (experiment / "trials.md").read_text()
+    # Every search result says its protocol.
+    assert "# protocol: recbole (docs/protocols.md)" in text
+    assert rows[0]["protocol"] == "recbole"
+    assert "Protocol: recbole" in (experiment / "trials.md").read_text()
 
     # The best configuration trains as a plain config file.
     summary = run(

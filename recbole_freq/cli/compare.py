@@ -54,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
         "every model runs under the protocol they name unless one is given",
     )
     parser.add_argument(
+        "--correction",
+        choices=("holm", "bh"),
+        default="holm",
+        help="multiple-testing correction of the per-user significance tests (Holm, or "
+        "Benjamini-Hochberg)",
+    )
+    parser.add_argument(
         "--mixed_protocols",
         action="store_true",
         help="table runs made under different protocols anyway (each row names its own)",
@@ -84,6 +91,7 @@ def cli(argv: list[str]) -> int:
             protocols=args.protocols,
             mixed_protocols=args.mixed_protocols,
             paper=args.paper,
+            correction=args.correction,
             cpus_per_run=args.cpus_per_run,
             gpus_per_run=args.gpus_per_run,
             ray_address=args.ray_address,

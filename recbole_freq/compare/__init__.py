@@ -38,6 +38,8 @@ from recbole_freq.compare.runs import (
     validate,
 )
 from recbole_freq.compare.tables import (
+    CORRECTIONS,
+    add_per_user_tests,
     choose_metrics,
     csv_text,
     improvement,
@@ -131,6 +133,7 @@ def compare(
     protocols=None,
     mixed_protocols: bool = False,
     paper: bool = False,
+    correction: str = "holm",
     cpus_per_run: float = 1.0,
     gpus_per_run: float = 0.0,
     ray_address: str | None = None,
@@ -148,11 +151,16 @@ def compare(
     ``paper``: each model that has paper settings for ``dataset`` (``properties/paper/``)
     gets them, as ``--paper`` does for one run; the others keep their defaults.  Unless a
     protocol is given, every model runs under the protocol those paper files name.
+    ``correction``: ``holm`` or ``bh``, for the per-user significance tests (paired
+    Wilcoxon and t across users against the best baseline, ``tables.add_per_user_tests``)
+    beside the across-seed paired t-test.
     Returns ``rows`` (one dict per model, as in ``comparison.csv``), ``markdown``,
     ``files``, and the ``trained`` and ``skipped`` (model, seed) pairs.
     """
     from recbole_freq.config import get_model_class
 
+    if correction not in CORRECTIONS:
+        raise ComparisonError(f"--correction {correction!r}: choose holm or bh")
     models = _parse_list(models, "--compare")
     seeds = _parse_seeds(seeds)
     overrides = dict(overrides or {})
@@ -246,12 +254,13 @@ def compare(
         group_rows = summarise(
             records, group, seeds, metrics, {entry_name(m, protocol) for m in baselines}
         )
+        add_per_user_tests(group_rows, records, seeds, metrics, correction)
         for row in group_rows:
             row["protocol"] = labels[row["model"]]
             row["model"] = split_entry(row["model"])[0]
         rows += group_rows
         note = protocol_note(configs[protocol], sorted(set(labels.values())))
-        sections.append(markdown_table(group_rows, metrics, dataset, seeds, note))
+        sections.append(markdown_table(group_rows, metrics, dataset, seeds, note, correction))
     if protocols:
         sections = [
             f"## Protocol {protocol}\n\n{section}" for protocol, section in zip(protocols, sections)

@@ -60,6 +60,7 @@ def rank_trials(results, names: list[str], mode: str) -> list[dict]:
         if final:
             row["checkpoint"] = final.get("checkpoint_file")
             row["device"] = final.get("device")
+            row["protocol"] = final.get("protocol")
         row["trial_dir"] = str(result.path)
         rows.append(row)
     sign = -1 if mode == "max" else 1
@@ -97,10 +98,12 @@ def write_outputs(summary, experiment_dir: Path, names, job, config_dict, cmd_ov
     table = _markdown(rows, names, metric)
     summary["table"] = table
     trials_md = experiment_dir / "trials.md"
+    protocols = sorted({str(row.get("protocol")) for row in rows if row.get("protocol")})
     write_atomic(
         trials_md,
         f"# {summary['model']} on {summary['dataset']}: trials ranked by validation "
-        f"{metric} ({summary['mode']})\n\n{table}\n",
+        f"{metric} ({summary['mode']})\n\nProtocol: {', '.join(protocols) or 'unrecorded'}"
+        f"\n\n{table}\n",
     )
     columns = ["rank", "trial_id", "status", *names, "best_valid", "best_epoch", "epochs_run"]
     for row in rows:
@@ -140,6 +143,7 @@ def write_outputs(summary, experiment_dir: Path, names, job, config_dict, cmd_ov
         f"# trial {best['trial_id']}: best validation {metric} = {best['best_valid']:.4f} "
         f"(epoch {best.get('best_epoch')}), test {metric} = {test_text}",
         f"# ranked by validation {metric}; the test split did not influence the choice",
+        f"# protocol: {best.get('protocol') or 'unrecorded'} (docs/protocols.md)",
         f"# train it: python run_recbole_freq.py --model={summary['model']} "
         f"--dataset={summary['dataset']} --config_files {files}",
     ]
