@@ -24,6 +24,12 @@ through RecBole's own classes (the split datasets, the evaluation sampler, the
     at the window's start, so the first row predicts the window's first item from an
     all-padding input.  RecBole models read the output at ``item_length - 1``, so that
     input is one padding item (``item_length`` 1).
+    ``last_n_all_positions``: SASRec's training (kang and McAuley's and Rec-Denoiser's
+    code): one row per user, the last n items of the training part but its last as
+    input and the next item as the target at every position, binary cross-entropy with
+    one negative per position drawn among the items outside the user's training part
+    (``ProtocolTrainer``; the model's own ``loss_type`` is not used).  Only for causal
+    models (position t sees no later item), which is checked on the first batch.
 ``eval_negatives`` (sampled evaluation, e.g. ``uni100``)
     ``target_only``: RecBole's ``RepeatableSampler``, which excludes only the target, so
     an item of the user's history can be a negative.
@@ -53,7 +59,7 @@ import torch
 
 PIECES = {
     "history_mask": ("none", "zero", "exclude"),
-    "train_rows": ("all_prefixes", "window"),
+    "train_rows": ("all_prefixes", "window", "last_n_all_positions"),
     "eval_negatives": ("target_only", "unseen"),
     "stopping_rule": ("recbole", "strict"),
 }
@@ -62,6 +68,7 @@ DATA_PIECES = ("history_mask", "train_rows", "eval_negatives")
 DEFAULT_PROTOCOL = "recbole"
 HISTORY_START = "protocol_history_start"
 HISTORY_LENGTH = "protocol_history_length"
+POSITION_TARGETS = "protocol_position_targets"
 
 
 class ProtocolError(ValueError):
@@ -248,6 +255,43 @@ def window_rows(train, histories: UserHistories, valid_test_rows: np.ndarray, n:
     return Interaction(new)
 
 
+def last_n_rows(train, histories: UserHistories, valid_test_rows: np.ndarray, n: int):
+    """SASRec's training rows: per user with at least two training items, the input
+    ``T[:-1][-n:]`` of its training part ``T`` and the targets ``T[1:][-n:]`` aligned
+    with it (``POSITION_TARGETS``, zero-padded); the row's own target fields are those
+    of ``T[-1]``.  Returns an ``Interaction``."""
+    from recbole.data.interaction import Interaction
+
+    uid_field = train.uid_field
+    suffix = train.config["LIST_SUFFIX"]
+    length_field = train.config["ITEM_LIST_LENGTH_FIELD"]
+    max_len = train.field2seqlen[histories.item_field + suffix]
+    users = np.flatnonzero(histories.length > 0)
+    train_len = histories.length[users] - valid_test_rows[users]
+    keep = train_len >= 2
+    users, train_len = users[keep], train_len[keep]
+    inputs = np.minimum(train_len - 1, n)
+    first_input = histories.start[users] + train_len - 1 - inputs
+    columns = np.arange(max_len)
+    in_input = columns[None, :] < inputs[:, None]
+    gather = np.where(in_input, first_input[:, None] + columns[None, :], 0)
+    mask = torch.from_numpy(in_input)
+    new = {
+        uid_field: torch.from_numpy(users).to(train.inter_feat[uid_field].dtype),
+        length_field: torch.from_numpy(inputs).to(train.inter_feat[length_field].dtype),
+    }
+    last = torch.from_numpy(histories.start[users] + train_len - 1)
+    for field, flat in histories.values.items():
+        new[field] = flat[last]
+        lists = flat[torch.from_numpy(gather)]
+        shaped = mask.view(mask.shape + (1,) * (lists.dim() - 2))
+        new[field + suffix] = torch.where(shaped, lists, torch.zeros_like(lists))
+    items = histories.items
+    targets = items[torch.from_numpy(np.where(in_input, gather + 1, 0))]
+    new[POSITION_TARGETS] = torch.where(mask, targets, torch.zeros_like(targets))
+    return Interaction(new)
+
+
 class UnseenSampler:
     """Stands in for RecBole's ``RepeatableSampler`` of an evaluation loader: negatives
     drawn from the same distribution, rejected while they are any item of the user's
@@ -322,14 +366,18 @@ def apply_protocol(config, dataset, splits):
         split.protocol_histories = histories
     for loader in (valid_data, test_data):
         use_protocol_negatives(config, loader)
-    if settings["train_rows"] == "window":
+    if settings["train_rows"] != "all_prefixes":
         user_num = dataset.user_num
         later = sum(
             np.bincount(split.inter_feat[split.uid_field].numpy(), minlength=user_num)
             for split in datasets[1:]
         )
-        rows = window_rows(datasets[0], histories, later, config["MAX_ITEM_LIST_LENGTH"])
+        build = window_rows if settings["train_rows"] == "window" else last_n_rows
+        rows = build(datasets[0], histories, later, config["MAX_ITEM_LIST_LENGTH"])
         train_dataset = datasets[0].copy(rows)
+        # The user's training part, for the negatives of last_n_all_positions.
+        train_dataset.protocol_histories = histories
+        train_dataset.protocol_train_length = histories.length - later
         train_sampler = create_samplers(config, dataset, [train_dataset, *datasets[1:]])[0]
         train_data = get_dataloader(config, "train")(
             config, train_dataset, train_sampler, shuffle=config["shuffle"]
@@ -376,6 +424,10 @@ class ProtocolTrainer:
         settings = protocol_settings(config)
         self.history_mask = settings["history_mask"]
         self.stopping_rule = settings["stopping_rule"]
+        self.train_rows = settings["train_rows"]
+        self._causality_checked = False
+        if self.train_rows == "last_n_all_positions":
+            check_plain_objective(self.model, config)
         self._eval_histories = None
         self._strict_best = None
         if self.stopping_rule == "strict":
@@ -391,6 +443,27 @@ class ProtocolTrainer:
                 tail_ratio=config["tail_ratio"],
             )
             self._unrounded_evaluator = Evaluator(view)
+
+    def _train_epoch(self, train_data, epoch_idx, loss_func=None, show_progress=False):
+        if self.train_rows == "last_n_all_positions" and loss_func is None:
+            self._train_items = train_data._dataset
+            loss_func = self.all_positions_loss
+        return super()._train_epoch(
+            train_data, epoch_idx, loss_func=loss_func, show_progress=show_progress
+        )
+
+    def all_positions_loss(self, interaction):
+        """SASRec's loss (its ``model.py``; Rec-Denoiser eq. 4): at every position with a
+        target, ``-log s(r_pos) - log(1 - s(r_neg))`` with one negative drawn among the
+        items outside the user's training part, averaged over those positions."""
+        model = self.model
+        if not self._causality_checked:
+            check_causal(model, interaction)
+            self._causality_checked = True
+        targets = interaction[POSITION_TARGETS]
+        negatives = position_negatives(self._train_items, interaction, targets, model)
+        output = all_position_output(model, interaction)
+        return position_bce(output, targets, negatives, item_embedding_weight(model))
 
     def evaluate(self, eval_data, load_best_model=True, model_file=None, show_progress=False):
         self._eval_histories = getattr(eval_data._dataset, "protocol_histories", None)
@@ -495,3 +568,129 @@ def protocol_trainer(config, model):
     trainer = cls(config, model)
     trainer._init_protocol(config)
     return trainer
+
+
+# ------------------------------------------------- SASRec-style training (all positions)
+
+
+def check_plain_objective(model, config) -> None:
+    """The per-position loss is computed here, not by the model: a model whose training
+    objective adds more (Rec-Denoiser's masks and Jacobian term, PolyRec's contrastive
+    term) would silently lose it, so it is refused."""
+    objective = getattr(model, "objective", None)
+    if objective is not None and type(objective).__name__ != "PlainObjective":
+        raise ProtocolError(
+            f"train_rows=last_n_all_positions trains with SASRec's per-position loss, "
+            f"which does not apply {config['model']}'s {type(objective).__name__}; use "
+            "train_rows=all_prefixes or window"
+        )
+    if float(config["cl_weight"] or 0) > 0:
+        raise ProtocolError(
+            f"train_rows=last_n_all_positions trains with SASRec's per-position loss, "
+            f"which has no contrastive term (cl_weight={config['cl_weight']}); set "
+            "cl_weight=0 or use train_rows=all_prefixes or window"
+        )
+
+
+def item_embedding_weight(model) -> torch.Tensor:
+    embedding = getattr(model, "item_embedding", None)
+    if not isinstance(embedding, torch.nn.Embedding):
+        raise ProtocolError(
+            f"train_rows=last_n_all_positions scores items with the model's item_embedding; "
+            f"{type(model).__name__} has none"
+        )
+    return embedding.weight
+
+
+def all_position_output(model, interaction) -> torch.Tensor:
+    """``(batch, n, hidden)``: the model's output at every position.  Plugin models
+    expose ``encode``; RecBole's sequential models read the last position with
+    ``gather_indexes`` inside ``forward``, which is bypassed for this call."""
+    item_seq = interaction[model.ITEM_SEQ]
+    if callable(getattr(model, "encode", None)):
+        return model.encode(item_seq)
+    model.gather_indexes = lambda output, index: output
+    try:
+        output = model.forward(item_seq, interaction[model.ITEM_SEQ_LEN])
+    finally:
+        del model.gather_indexes
+    if output.dim() != 3 or output.size(1) != item_seq.size(1):
+        raise ProtocolError(
+            f"train_rows=last_n_all_positions needs every position's output, and "
+            f"{type(model).__name__}.forward does not give it (it does not read its last "
+            "position with gather_indexes); use train_rows=all_prefixes or window"
+        )
+    return output
+
+
+def check_causal(model, interaction) -> None:
+    """Position t must not see later items, or training every position at once would
+    show the model its targets: changing the last input item of a row must leave the
+    outputs of the positions before it unchanged (checked once, without dropout)."""
+    lengths = interaction[model.ITEM_SEQ_LEN]
+    row = int(torch.argmax(lengths))
+    last = int(lengths[row]) - 1
+    if last < 1:
+        return
+    item_seq = interaction[model.ITEM_SEQ][row : row + 1].clone()
+    changed = item_seq.clone()
+    changed[0, last] = 1 + int(item_seq[0, last]) % (model.n_items - 1)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            single = interaction[row : row + 1]
+            single.update(_interaction({model.ITEM_SEQ: item_seq}))
+            before = all_position_output(model, single)[0, :last]
+            single.update(_interaction({model.ITEM_SEQ: changed}))
+            after = all_position_output(model, single)[0, :last]
+    finally:
+        model.train(was_training)
+    if not torch.allclose(before, after, rtol=1e-4, atol=1e-5):
+        raise ProtocolError(
+            f"train_rows=last_n_all_positions needs a causal model (position t must not see "
+            f"later items); {type(model).__name__}'s earlier outputs changed when a later "
+            "item did (e.g. a frequency filter over the whole sequence); use "
+            "train_rows=all_prefixes or window"
+        )
+
+
+def position_negatives(train_dataset, interaction, targets, model) -> torch.Tensor:
+    """One negative per target position, uniform over the items outside the user's
+    training part (SASRec's ``random_neq``), drawn with torch's global generator."""
+    histories = train_dataset.protocol_histories
+    train_length = train_dataset.protocol_train_length
+    users = interaction[model.USER_ID].long().cpu().numpy()
+    starts = torch.from_numpy(histories.start[users])
+    lengths = torch.from_numpy(train_length[users])
+    rows = torch.repeat_interleave(torch.arange(len(users)), lengths)
+    offsets = torch.cumsum(lengths, 0) - lengths
+    within = torch.arange(int(lengths.sum())) - torch.repeat_interleave(offsets, lengths)
+    seen_items = histories.items[torch.repeat_interleave(starts, lengths) + within].long()
+    seen = torch.zeros(len(users), model.n_items, dtype=torch.bool)
+    seen[rows, seen_items] = True
+    seen[:, 0] = True
+    if seen.all(dim=1).any():
+        raise ProtocolError(
+            "train_rows=last_n_all_positions: a user's training part holds every item, "
+            "leaving no negative to draw; use train_rows=all_prefixes or window"
+        )
+    targets_cpu = targets.cpu()
+    negatives = torch.randint(1, model.n_items, targets_cpu.shape)
+    redraw = seen.gather(1, negatives) & (targets_cpu > 0)
+    while redraw.any():
+        negatives[redraw] = torch.randint(1, model.n_items, (int(redraw.sum()),))
+        redraw = seen.gather(1, negatives) & (targets_cpu > 0)
+    return torch.where(targets_cpu > 0, negatives, torch.zeros_like(negatives)).to(targets.device)
+
+
+def position_bce(output, targets, negatives, item_weight) -> torch.Tensor:
+    """Mean over target positions of ``softplus(-r_pos) + softplus(r_neg)``, i.e.
+    ``-log s(r_pos) - log(1 - s(r_neg))``."""
+    import torch.nn.functional as F
+
+    positions = targets > 0
+    hidden = output[positions]
+    positive = (hidden * item_weight[targets[positions]]).sum(-1)
+    negative = (hidden * item_weight[negatives[positions]]).sum(-1)
+    return (F.softplus(-positive) + F.softplus(negative)).mean()

@@ -15,7 +15,9 @@ from dataset_prep import convert_one_line
 from recbole_freq.config import FreqConfig
 from recbole_freq.protocol import (
     HISTORY_LENGTH,
+    POSITION_TARGETS,
     ProtocolError,
+    position_negatives,
     protocol_label,
     protocol_names,
     protocol_trainer,
@@ -387,3 +389,117 @@ def test_per_user_ranks_give_recboles_metrics(small_config, mode):
     for metric, value in summary["test_result"].items():
         users, values = per_user_values([summary], metric)
         assert values.mean() == pytest.approx(value, abs=1e-9), metric
+
+
+def sasrec_training_rows(sequences, n):
+    """SASRec's ``sample_function`` (one row per user of the training part ``T``): input
+    ``T[:-1]`` and targets ``T[1:]``, the last n of each, aligned."""
+    rows = []
+    for user, seq in sequences.items():
+        train = seq[:-2]
+        if len(train) < 2:
+            continue
+        rows.append((user, tuple(train[:-1][-n:]), tuple(train[1:][-n:])))
+    return sorted(rows)
+
+
+def test_last_n_all_positions_rows_are_sasrecs(repeat_data, tmp_path):
+    root, sequences = repeat_data
+    config = FreqConfig(
+        "SASRec",
+        "repeat",
+        cmd_overrides=settings(root, tmp_path, train_rows="last_n_all_positions"),
+    )
+    _, (train, _, _) = load_splits(config)
+    dataset = train._dataset
+    feat = dataset.inter_feat
+    ours = []
+    for user, items, length, targets in zip(
+        dataset.id2token("user_id", feat["user_id"].numpy()),
+        feat["item_id_list"].numpy(),
+        feat["item_length"].numpy(),
+        feat[POSITION_TARGETS].numpy(),
+    ):
+        assert (targets[length:] == 0).all() and (targets[:length] > 0).all()
+        ours.append(
+            (
+                user,
+                tuple(dataset.id2token("item_id", items[:length])),
+                tuple(dataset.id2token("item_id", targets[:length])),
+            )
+        )
+    assert sorted(ours) == sasrec_training_rows(sequences, N)
+
+
+def test_all_positions_loss_is_the_per_position_bce(repeat_data, tmp_path):
+    """The one-row-per-user loss equals SASRec's loss written position by position: for
+    every target position the model's output on that prefix alone (a causal model), the
+    BCE of the target against the same negative, averaged over all positions."""
+    import torch.nn.functional as F
+
+    root, _ = repeat_data
+    config = FreqConfig(
+        "SASRec",
+        "repeat",
+        cmd_overrides=settings(root, tmp_path, train_rows="last_n_all_positions"),
+    )
+    _, (train, _, _) = load_splits(config)
+    model = new_model(config, train)
+    trainer = protocol_trainer(config, model)
+    trainer._train_items = train._dataset
+    model.eval()  # no dropout, so both computations see the same function
+    batch = next(iter(train))
+    torch.manual_seed(0)
+    ours = trainer.all_positions_loss(batch)
+    torch.manual_seed(0)
+    negatives = position_negatives(train._dataset, batch, batch[POSITION_TARGETS], model)
+    weight = model.item_embedding.weight
+    seen = train._dataset.protocol_histories
+    losses = []
+    with torch.no_grad():
+        for row in range(len(batch)):
+            user = int(batch["user_id"][row])
+            start = seen.start[user]
+            items = set(
+                seen.items[start : start + train._dataset.protocol_train_length[user]].tolist()
+            )
+            for position in range(int(batch["item_length"][row])):
+                prefix = torch.zeros_like(batch["item_id_list"][row : row + 1])
+                prefix[0, : position + 1] = batch["item_id_list"][row, : position + 1]
+                output = model.forward(prefix, torch.tensor([position + 1]))[0]
+                target = batch[POSITION_TARGETS][row, position]
+                negative = negatives[row, position]
+                assert int(negative) not in items and int(negative) != 0
+                losses.append(
+                    F.softplus(-(output * weight[target]).sum())
+                    + F.softplus((output * weight[negative]).sum())
+                )
+    assert float(ours.detach()) == pytest.approx(float(torch.stack(losses).mean()), rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "model, extra, reason",
+    [
+        ("BSARec", {}, "needs a causal model"),
+        ("RecDenoiser", {}, "does not apply RecDenoiser's DenoisingObjective"),
+    ],
+)
+def test_last_n_all_positions_refuses_what_it_cannot_train(
+    tiny_data, tmp_path, model, extra, reason
+):
+    overrides = settings(tiny_data, tmp_path, protocol="sasrec", **extra)
+    with pytest.raises(ProtocolError, match=reason):
+        run(model, "tiny", cmd_overrides=overrides, saved=False)
+
+
+@pytest.mark.parametrize("model", ["SASRec", "GRU4Rec"])
+def test_sasrec_protocol_trains_recbole_models(tiny_data, tmp_path, model):
+    overrides = settings(tiny_data, tmp_path, protocol="sasrec", epochs=2)
+    if model == "GRU4Rec":
+        for key in ("inner_size", "n_heads", "n_layers"):
+            overrides.pop(key)
+    summary = run(model, "tiny", cmd_overrides=overrides, saved=False)
+    assert summary["protocol"]["label"] == "sasrec"
+    assert summary["config"]["eval_args"]["mode"] == {"valid": "uni100", "test": "uni100"}
+    losses = [epoch["train_loss"] for epoch in summary["history"]]
+    assert all(math.isfinite(loss) for loss in losses)
