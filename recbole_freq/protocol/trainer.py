@@ -1,0 +1,321 @@
+"""The trainer side of a protocol: ``ProtocolTrainer`` mixed into RecBole's trainer of
+the model (history masks in full-sort ranking, the stopping rule, per-user ranks) and
+SASRec's all-positions loss of ``train_rows: last_n_all_positions``."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from recbole_freq.protocol import ProtocolError, protocol_settings
+from recbole_freq.protocol.rows import (
+    HISTORY_LENGTH,
+    HISTORY_START,
+    POSITION_TARGETS,
+    UserHistories,
+    _interaction,
+)
+
+
+class _RecordingEvaluator:
+    """RecBole's ``Evaluator`` that keeps the last top-k structure it evaluated (the
+    per-user hits ``ProtocolTrainer.per_user_ranks`` reads)."""
+
+    def __init__(self, evaluator):
+        self.evaluator = evaluator
+        self.last_topk = None
+
+    def evaluate(self, struct):
+        self.last_topk = struct["rec.topk"] if "rec.topk" in struct else None
+        return self.evaluator.evaluate(struct)
+
+    def __getattr__(self, name):
+        return getattr(self.evaluator, name)
+
+
+class _MetricSettings(dict):
+    """The few settings RecBole's ``Evaluator`` reads, with more decimal places."""
+
+
+class ProtocolTrainer:
+    """Mixin over RecBole's trainer class of the model (``protocol_trainer``): the history
+    mask in full-sort ranking and the stopping rule.  With RecBole's choices every method
+    is RecBole's own."""
+
+    def _init_protocol(self, config):
+        self.evaluator = _RecordingEvaluator(self.evaluator)
+        settings = protocol_settings(config)
+        self.history_mask = settings["history_mask"]
+        self.stopping_rule = settings["stopping_rule"]
+        self.train_rows = settings["train_rows"]
+        self._causality_checked = False
+        if self.train_rows == "last_n_all_positions":
+            check_plain_objective(self.model, config)
+        self._eval_histories = None
+        self._strict_best = None
+        if self.stopping_rule == "strict":
+            from recbole.evaluator import Evaluator
+
+            # The authors stop after `patience` epochs without improvement; RecBole's
+            # `early_stopping` after stopping_step + 1.
+            self.stopping_step = max(int(config["stopping_step"]) - 1, 0)
+            view = _MetricSettings(
+                metrics=config["metrics"],
+                topk=config["topk"],
+                metric_decimal_place=12,
+                tail_ratio=config["tail_ratio"],
+            )
+            self._unrounded_evaluator = Evaluator(view)
+
+    def _train_epoch(self, train_data, epoch_idx, loss_func=None, show_progress=False):
+        if self.train_rows == "last_n_all_positions" and loss_func is None:
+            self._train_items = train_data._dataset
+            loss_func = self.all_positions_loss
+        return super()._train_epoch(
+            train_data, epoch_idx, loss_func=loss_func, show_progress=show_progress
+        )
+
+    def all_positions_loss(self, interaction):
+        """SASRec's loss (its ``model.py``; Rec-Denoiser eq. 4): at every position with a
+        target, ``-log s(r_pos) - log(1 - s(r_neg))`` with one negative drawn among the
+        items outside the user's training part, averaged over those positions."""
+        model = self.model
+        if not self._causality_checked:
+            check_causal(model, interaction)
+            self._causality_checked = True
+        targets = interaction[POSITION_TARGETS]
+        negatives = position_negatives(self._train_items, interaction, targets, model)
+        output = all_position_output(model, interaction)
+        return position_bce(output, targets, negatives, item_embedding_weight(model))
+
+    def evaluate(self, eval_data, load_best_model=True, model_file=None, show_progress=False):
+        self._eval_histories = getattr(eval_data._dataset, "protocol_histories", None)
+        self._eval_data = eval_data
+        return super().evaluate(eval_data, load_best_model, model_file, show_progress)
+
+    def per_user_ranks(self) -> dict | None:
+        """Each user's rank of the target in the last evaluation, from RecBole's own top-k
+        structure (``rec.topk``): ``{"users": tokens, "rank": ranks, "topk": k}`` with
+        rank 0 where the target is not in the top ``k`` (the largest cut-off); ``None``
+        if no top-k metric was computed."""
+        topk = self.evaluator.last_topk
+        if topk is None:
+            return None
+        hits = topk[:, :-1].bool()
+        first = hits.int().argmax(dim=1) + 1
+        ranks = torch.where(hits.any(dim=1), first, torch.zeros_like(first))
+        loader = self._eval_data
+        dataset = loader._dataset
+        if hasattr(loader, "uid_list") and getattr(loader, "neg_sample_num", 0):
+            users = np.asarray(loader.uid_list)
+        else:
+            users = dataset.inter_feat[dataset.uid_field].numpy()
+        if len(users) != len(ranks):
+            return None
+        tokens = dataset.id2token(dataset.uid_field, users)
+        return {
+            "users": [str(token) for token in tokens],
+            "rank": ranks.tolist(),
+            "topk": hits.size(1),
+        }
+
+    def _full_sort_batch_eval(self, batched_data):
+        if self.history_mask == "none":
+            return super()._full_sort_batch_eval(batched_data)
+        interaction, _, positive_u, positive_i = batched_data
+        histories = self._eval_histories
+        if histories is None or HISTORY_LENGTH not in interaction:
+            raise ProtocolError(
+                f"history_mask={self.history_mask} needs loaders built by "
+                "quick_start.load_splits (they carry each row's history)"
+            )
+        rows, items = history_index(interaction, histories)
+        if self.history_mask == "exclude":
+            return super()._full_sort_batch_eval(
+                (interaction, (rows, items), positive_u, positive_i)
+            )
+        scores = self.model.full_sort_predict(interaction.to(self.device))
+        scores = scores.view(-1, self.tot_item_num).clone()
+        scores[rows.to(scores.device), items.to(scores.device)] = 0.0
+        return interaction, scores, positive_u, positive_i
+
+    def _valid_epoch(self, valid_data, show_progress=False):
+        if self.stopping_rule != "strict":
+            return super()._valid_epoch(valid_data, show_progress=show_progress)
+        rounded, self.evaluator = self.evaluator, self._unrounded_evaluator
+        try:
+            score, result = super()._valid_epoch(valid_data, show_progress=show_progress)
+        finally:
+            self.evaluator = rounded
+        previous = self.best_valid_score if self._strict_best is None else self._strict_best
+        bigger = self.valid_metric_bigger
+        if (score > previous) if bigger else (score < previous):
+            self._strict_best = score
+        else:
+            self._strict_best = previous
+        # RecBole's early_stopping, called next, counts `score >= best` as an improvement;
+        # against the float just after the previous best that is exactly `score > best`.
+        self.best_valid_score = math.nextafter(previous, math.inf if bigger else -math.inf)
+        return score, result
+
+    def fit(self, *args, **kwargs):
+        best_score, best_result = super().fit(*args, **kwargs)
+        if self.stopping_rule == "strict" and self._strict_best is not None:
+            self.best_valid_score = best_score = self._strict_best
+        return best_score, best_result
+
+
+def history_index(interaction, histories: UserHistories):
+    """``(rows, items)``: every item of each row's history before its target."""
+    starts = interaction[HISTORY_START].long().cpu()
+    lengths = interaction[HISTORY_LENGTH].long().cpu()
+    rows = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    offsets = torch.cumsum(lengths, 0) - lengths
+    within = torch.arange(int(lengths.sum())) - torch.repeat_interleave(offsets, lengths)
+    items = histories.items[torch.repeat_interleave(starts, lengths) + within]
+    return rows, items.long()
+
+
+_TRAINER_CLASSES: dict[type, type] = {}
+
+
+def protocol_trainer(config, model):
+    """RecBole's trainer for ``model`` (``get_trainer``) with ``ProtocolTrainer`` mixed in."""
+    from recbole.utils import get_trainer
+
+    base = get_trainer(config["MODEL_TYPE"], config["model"])
+    cls = _TRAINER_CLASSES.get(base)
+    if cls is None:
+        cls = type(base.__name__, (ProtocolTrainer, base), {"__module__": __name__})
+        _TRAINER_CLASSES[base] = cls
+    trainer = cls(config, model)
+    trainer._init_protocol(config)
+    return trainer
+
+
+# ------------------------------------------------- SASRec-style training (all positions)
+
+
+def check_plain_objective(model, config) -> None:
+    """The per-position loss is computed here, not by the model: a model whose training
+    objective adds more (Rec-Denoiser's masks and Jacobian term, PolyRec's contrastive
+    term) would silently lose it, so it is refused."""
+    objective = getattr(model, "objective", None)
+    if objective is not None and type(objective).__name__ != "PlainObjective":
+        raise ProtocolError(
+            f"train_rows=last_n_all_positions trains with SASRec's per-position loss, "
+            f"which does not apply {config['model']}'s {type(objective).__name__}; use "
+            "train_rows=all_prefixes or window"
+        )
+    if float(config["cl_weight"] or 0) > 0:
+        raise ProtocolError(
+            f"train_rows=last_n_all_positions trains with SASRec's per-position loss, "
+            f"which has no contrastive term (cl_weight={config['cl_weight']}); set "
+            "cl_weight=0 or use train_rows=all_prefixes or window"
+        )
+
+
+def item_embedding_weight(model) -> torch.Tensor:
+    embedding = getattr(model, "item_embedding", None)
+    if not isinstance(embedding, torch.nn.Embedding):
+        raise ProtocolError(
+            f"train_rows=last_n_all_positions scores items with the model's item_embedding; "
+            f"{type(model).__name__} has none"
+        )
+    return embedding.weight
+
+
+def all_position_output(model, interaction) -> torch.Tensor:
+    """``(batch, n, hidden)``: the model's output at every position.  Plugin models
+    expose ``encode``; RecBole's sequential models read the last position with
+    ``gather_indexes`` inside ``forward``, which is bypassed for this call."""
+    item_seq = interaction[model.ITEM_SEQ]
+    if callable(getattr(model, "encode", None)):
+        return model.encode(item_seq)
+    model.gather_indexes = lambda output, index: output
+    try:
+        output = model.forward(item_seq, interaction[model.ITEM_SEQ_LEN])
+    finally:
+        del model.gather_indexes
+    if output.dim() != 3 or output.size(1) != item_seq.size(1):
+        raise ProtocolError(
+            f"train_rows=last_n_all_positions needs every position's output, and "
+            f"{type(model).__name__}.forward does not give it (it does not read its last "
+            "position with gather_indexes); use train_rows=all_prefixes or window"
+        )
+    return output
+
+
+def check_causal(model, interaction) -> None:
+    """Position t must not see later items, or training every position at once would
+    show the model its targets: changing the last input item of a row must leave the
+    outputs of the positions before it unchanged (checked once, without dropout)."""
+    lengths = interaction[model.ITEM_SEQ_LEN]
+    row = int(torch.argmax(lengths))
+    last = int(lengths[row]) - 1
+    if last < 1:
+        return
+    item_seq = interaction[model.ITEM_SEQ][row : row + 1].clone()
+    changed = item_seq.clone()
+    changed[0, last] = 1 + int(item_seq[0, last]) % (model.n_items - 1)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            single = interaction[row : row + 1]
+            single.update(_interaction({model.ITEM_SEQ: item_seq}))
+            before = all_position_output(model, single)[0, :last]
+            single.update(_interaction({model.ITEM_SEQ: changed}))
+            after = all_position_output(model, single)[0, :last]
+    finally:
+        model.train(was_training)
+    if not torch.allclose(before, after, rtol=1e-4, atol=1e-5):
+        raise ProtocolError(
+            f"train_rows=last_n_all_positions needs a causal model (position t must not see "
+            f"later items); {type(model).__name__}'s earlier outputs changed when a later "
+            "item did (e.g. a frequency filter over the whole sequence); use "
+            "train_rows=all_prefixes or window"
+        )
+
+
+def position_negatives(train_dataset, interaction, targets, model) -> torch.Tensor:
+    """One negative per target position, uniform over the items outside the user's
+    training part (SASRec's ``random_neq``), drawn with torch's global generator."""
+    histories = train_dataset.protocol_histories
+    train_length = train_dataset.protocol_train_length
+    users = interaction[model.USER_ID].long().cpu().numpy()
+    starts = torch.from_numpy(histories.start[users])
+    lengths = torch.from_numpy(train_length[users])
+    rows = torch.repeat_interleave(torch.arange(len(users)), lengths)
+    offsets = torch.cumsum(lengths, 0) - lengths
+    within = torch.arange(int(lengths.sum())) - torch.repeat_interleave(offsets, lengths)
+    seen_items = histories.items[torch.repeat_interleave(starts, lengths) + within].long()
+    seen = torch.zeros(len(users), model.n_items, dtype=torch.bool)
+    seen[rows, seen_items] = True
+    seen[:, 0] = True
+    if seen.all(dim=1).any():
+        raise ProtocolError(
+            "train_rows=last_n_all_positions: a user's training part holds every item, "
+            "leaving no negative to draw; use train_rows=all_prefixes or window"
+        )
+    targets_cpu = targets.cpu()
+    negatives = torch.randint(1, model.n_items, targets_cpu.shape)
+    redraw = seen.gather(1, negatives) & (targets_cpu > 0)
+    while redraw.any():
+        negatives[redraw] = torch.randint(1, model.n_items, (int(redraw.sum()),))
+        redraw = seen.gather(1, negatives) & (targets_cpu > 0)
+    return torch.where(targets_cpu > 0, negatives, torch.zeros_like(negatives)).to(targets.device)
+
+
+def position_bce(output, targets, negatives, item_weight) -> torch.Tensor:
+    """Mean over target positions of ``softplus(-r_pos) + softplus(r_neg)``, i.e.
+    ``-log s(r_pos) - log(1 - s(r_neg))``."""
+    import torch.nn.functional as F
+
+    positions = targets > 0
+    hidden = output[positions]
+    positive = (hidden * item_weight[targets[positions]]).sum(-1)
+    negative = (hidden * item_weight[negatives[positions]]).sum(-1)
+    return (F.softplus(-positive) + F.softplus(negative)).mean()
