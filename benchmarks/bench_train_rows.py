@@ -30,7 +30,9 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="BSARec")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--out", default=None, help="write train-rows-<dataset>-cpu.{md,json}")
+    parser.add_argument(
+        "--out", default=None, help="write train-rows-<dataset>-<model>-cpu.{md,json}"
+    )
     args = parser.parse_args(argv)
 
     choices = PIECES["train_rows"]
@@ -97,7 +99,9 @@ def main(argv=None) -> int:
     markdown = "\n".join(lines)
     print(markdown)
     if args.out:
-        write_results(args.out, f"train-rows-{args.dataset}-cpu", markdown, data)
+        write_results(
+            args.out, f"train-rows-{args.dataset}-{args.model.lower()}-cpu", markdown, data
+        )
     return 0
 
 
