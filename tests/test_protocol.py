@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import without_transformer_settings
 from dataset_prep import convert_one_line
 from recbole_freq.config import FreqConfig
 from recbole_freq.protocol import (
@@ -330,8 +331,7 @@ def test_strict_stopping_rule_is_the_authors_early_stopping(tiny_data, tmp_path)
 def test_every_model_trains_and_reports_under_the_bsarec_protocol(tiny_data, tmp_path, model):
     overrides = settings(tiny_data, tmp_path, protocol="bsarec", epochs=1)
     if model == "GRU4Rec":
-        for key in ("inner_size", "n_heads", "n_layers"):
-            overrides.pop(key)
+        overrides = without_transformer_settings(overrides)
     summary = run(model, "tiny", cmd_overrides=overrides, saved=True)
     assert summary["protocol"]["label"] == "bsarec"
     assert all(math.isfinite(e["train_loss"]) for e in summary["history"])
@@ -496,8 +496,7 @@ def test_last_n_all_positions_refuses_what_it_cannot_train(
 def test_sasrec_protocol_trains_recbole_models(tiny_data, tmp_path, model):
     overrides = settings(tiny_data, tmp_path, protocol="sasrec", epochs=2)
     if model == "GRU4Rec":
-        for key in ("inner_size", "n_heads", "n_layers"):
-            overrides.pop(key)
+        overrides = without_transformer_settings(overrides)
     summary = run(model, "tiny", cmd_overrides=overrides, saved=False)
     assert summary["protocol"]["label"] == "sasrec"
     assert summary["config"]["eval_args"]["mode"] == {"valid": "uni100", "test": "uni100"}

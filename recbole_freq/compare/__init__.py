@@ -247,7 +247,7 @@ def compare(
     records = {(e, s): load_run(run_file(out, e, s)) for e in entries for s in seeds}
     # Baselines first, as in the papers' tables; given order within each group.
     ordered = [m for m in models if m in baselines] + [m for m in models if m not in baselines]
-    rows, sections = [], []
+    rows, plot_rows, sections = [], [], []
     for protocol in protocols or [None]:
         group = [entry_name(m, protocol) for m in ordered]
         labels = check_protocols(records, group, seeds, mixed_protocols)
@@ -256,6 +256,7 @@ def compare(
         )
         add_per_user_tests(group_rows, records, seeds, metrics, correction)
         for row in group_rows:
+            plot_rows.append(dict(row))  # named by entry: a model under each protocol
             row["protocol"] = labels[row["model"]]
             row["model"] = split_entry(row["model"])[0]
         rows += group_rows
@@ -275,12 +276,8 @@ def compare(
     }
     write_atomic(files["csv"], csv_text(rows))
     write_atomic(files["markdown"], markdown)
-    plot_entries = [entry_name(m, p) for p in (protocols or [None]) for m in ordered]
-    write_atomic(files["runs_csv"], runs_csv_text(records, plot_entries, seeds, metrics))
-    plot_rows = [
-        dict(row, model=entry_name(row["model"], p))
-        for row, p in zip(rows, [p for p in (protocols or [None]) for _ in ordered])
-    ]
+    entries_in_order = [row["model"] for row in plot_rows]
+    write_atomic(files["runs_csv"], runs_csv_text(records, entries_in_order, seeds, metrics))
     save_plot(files["plot"], plot_rows, metrics, dataset, seeds)
     return {
         "rows": rows,

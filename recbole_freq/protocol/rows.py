@@ -78,6 +78,16 @@ class UserHistories:
         positions = [position[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
         return histories, positions
 
+    def items_of(self, starts, lengths):
+        """``(rows, items)``: for each row ``r``, the ``lengths[r]`` items of the flat
+        history from position ``starts[r]`` (every item a row index selects)."""
+        starts = torch.as_tensor(starts).long().cpu()
+        lengths = torch.as_tensor(lengths).long().cpu()
+        rows = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+        offsets = torch.cumsum(lengths, 0) - lengths
+        within = torch.arange(int(lengths.sum())) - torch.repeat_interleave(offsets, lengths)
+        return rows, self.items[torch.repeat_interleave(starts, lengths) + within].long()
+
     def item_sets(self) -> list[set]:
         """Per user id, the set of items of the user's history (computed once)."""
         if getattr(self, "_item_sets", None) is None:
@@ -92,41 +102,18 @@ def window_rows(train, histories: UserHistories, valid_test_rows: np.ndarray, n:
     items of the training part, each predicted from the items before it inside that
     window.  ``valid_test_rows[u]``: how many of user ``u``'s interactions are validation
     or test targets (they follow the training part).  Returns an ``Interaction``."""
-    from recbole.data.interaction import Interaction
-
-    uid_field = train.uid_field
-    suffix = train.config["LIST_SUFFIX"]
-    length_field = train.config["ITEM_LIST_LENGTH_FIELD"]
-    max_len = train.field2seqlen[histories.item_field + suffix]
-    users = np.flatnonzero(histories.length > 0)
-    train_len = histories.length[users] - valid_test_rows[users]
-    keep = train_len > 0
-    users, train_len = users[keep], train_len[keep]
+    users, train_len = _training_parts(histories, valid_test_rows, shortest=1)
     window = np.minimum(train_len, n)
     window_start = histories.start[users] + train_len - window
-    rows = int(window.sum())
-    row_user = np.repeat(users, window)
     first_row = np.concatenate([[0], np.cumsum(window)[:-1]])
-    offset = np.arange(rows) - np.repeat(first_row, window)  # items before the target
-    target = np.repeat(window_start, window) + offset
+    offset = np.arange(int(window.sum())) - np.repeat(first_row, window)  # items before
     input_start = np.repeat(window_start, window)
-    columns = np.arange(max_len)
-    in_input = columns[None, :] < offset[:, None]
-    gather = np.where(in_input, input_start[:, None] + columns[None, :], 0)
-    in_input_t = torch.from_numpy(in_input)
-    new = {
-        uid_field: torch.from_numpy(row_user).to(train.inter_feat[uid_field].dtype),
-        # An empty input is one padding item: RecBole models read position length - 1.
-        length_field: torch.from_numpy(np.maximum(offset, 1)).to(
-            train.inter_feat[length_field].dtype
-        ),
-    }
-    for field, flat in histories.values.items():
-        new[field] = flat[torch.from_numpy(target)]
-        lists = flat[torch.from_numpy(gather)]
-        mask = in_input_t.view(in_input_t.shape + (1,) * (lists.dim() - 2))
-        new[field + suffix] = torch.where(mask, lists, torch.zeros_like(lists))
-    return Interaction(new)
+    # An empty input is one padding item: RecBole models read position length - 1.
+    new, _ = _rows(
+        train, histories, np.repeat(users, window), input_start, offset, input_start + offset
+    )
+    new[train.config["ITEM_LIST_LENGTH_FIELD"]].clamp_(min=1)
+    return _interaction(new)
 
 
 def last_n_rows(train, histories: UserHistories, valid_test_rows: np.ndarray, n: int):
@@ -134,36 +121,50 @@ def last_n_rows(train, histories: UserHistories, valid_test_rows: np.ndarray, n:
     ``T[:-1][-n:]`` of its training part ``T`` and the targets ``T[1:][-n:]`` aligned
     with it (``POSITION_TARGETS``, zero-padded); the row's own target fields are those
     of ``T[-1]``.  Returns an ``Interaction``."""
-    from recbole.data.interaction import Interaction
+    users, train_len = _training_parts(histories, valid_test_rows, shortest=2)
+    inputs = np.minimum(train_len - 1, n)
+    last = histories.start[users] + train_len - 1
+    new, gather = _rows(train, histories, users, last - inputs, inputs, last)
+    in_input = gather >= 0
+    targets = histories.items[torch.from_numpy(np.where(in_input, gather + 1, 0))]
+    new[POSITION_TARGETS] = torch.where(
+        torch.from_numpy(in_input), targets, torch.zeros_like(targets)
+    )
+    return _interaction(new)
 
+
+def _training_parts(histories: UserHistories, valid_test_rows: np.ndarray, shortest: int):
+    """``(users, training part lengths)`` of the users with at least ``shortest``
+    training items."""
+    users = np.flatnonzero(histories.length > 0)
+    train_len = histories.length[users] - valid_test_rows[users]
+    keep = train_len >= shortest
+    return users[keep], train_len[keep]
+
+
+def _rows(train, histories: UserHistories, users, input_start, input_length, target):
+    """The columns of training rows whose input is ``input_length`` interactions from
+    flat position ``input_start`` (right-padded) and whose target fields are those of
+    flat position ``target``; also the flat position of every input slot (-1: padding)."""
     uid_field = train.uid_field
     suffix = train.config["LIST_SUFFIX"]
     length_field = train.config["ITEM_LIST_LENGTH_FIELD"]
     max_len = train.field2seqlen[histories.item_field + suffix]
-    users = np.flatnonzero(histories.length > 0)
-    train_len = histories.length[users] - valid_test_rows[users]
-    keep = train_len >= 2
-    users, train_len = users[keep], train_len[keep]
-    inputs = np.minimum(train_len - 1, n)
-    first_input = histories.start[users] + train_len - 1 - inputs
     columns = np.arange(max_len)
-    in_input = columns[None, :] < inputs[:, None]
-    gather = np.where(in_input, first_input[:, None] + columns[None, :], 0)
+    in_input = columns[None, :] < input_length[:, None]
+    gather = np.where(in_input, input_start[:, None] + columns[None, :], -1)
     mask = torch.from_numpy(in_input)
     new = {
         uid_field: torch.from_numpy(users).to(train.inter_feat[uid_field].dtype),
-        length_field: torch.from_numpy(inputs).to(train.inter_feat[length_field].dtype),
+        length_field: torch.from_numpy(input_length).to(train.inter_feat[length_field].dtype),
     }
-    last = torch.from_numpy(histories.start[users] + train_len - 1)
+    slots = torch.from_numpy(np.maximum(gather, 0))
     for field, flat in histories.values.items():
-        new[field] = flat[last]
-        lists = flat[torch.from_numpy(gather)]
+        new[field] = flat[torch.from_numpy(target)]
+        lists = flat[slots]
         shaped = mask.view(mask.shape + (1,) * (lists.dim() - 2))
         new[field + suffix] = torch.where(shaped, lists, torch.zeros_like(lists))
-    items = histories.items
-    targets = items[torch.from_numpy(np.where(in_input, gather + 1, 0))]
-    new[POSITION_TARGETS] = torch.where(mask, targets, torch.zeros_like(targets))
-    return Interaction(new)
+    return new, gather
 
 
 class UnseenSampler:
@@ -178,9 +179,9 @@ class UnseenSampler:
 
     def sample_by_user_ids(self, user_ids, item_ids, num):
         sampler = self.sampler
+        # A row's target is one of its user's interactions, so it is in the set too.
         used = np.empty(len(user_ids), dtype=object)
-        for row, (user, item) in enumerate(zip(user_ids.tolist(), item_ids.tolist())):
-            used[row] = self.user_items[user] | {item}
+        used[:] = [self.user_items[user] for user in user_ids.tolist()]
         sampler.used_ids = used
         return sampler.sample_by_key_ids(np.arange(len(user_ids)), num)
 

@@ -35,10 +35,6 @@ class _RecordingEvaluator:
         return getattr(self.evaluator, name)
 
 
-class _MetricSettings(dict):
-    """The few settings RecBole's ``Evaluator`` reads, with more decimal places."""
-
-
 class ProtocolTrainer:
     """Mixin over RecBole's trainer class of the model (``protocol_trainer``): the history
     mask in full-sort ranking and the stopping rule.  With RecBole's choices every method
@@ -61,7 +57,8 @@ class ProtocolTrainer:
             # The authors stop after `patience` epochs without improvement; RecBole's
             # `early_stopping` after stopping_step + 1.
             self.stopping_step = max(int(config["stopping_step"]) - 1, 0)
-            view = _MetricSettings(
+            # The few settings RecBole's Evaluator reads, with more decimal places.
+            view = dict(
                 metrics=config["metrics"],
                 topk=config["topk"],
                 metric_decimal_place=12,
@@ -169,13 +166,7 @@ class ProtocolTrainer:
 
 def history_index(interaction, histories: UserHistories):
     """``(rows, items)``: every item of each row's history before its target."""
-    starts = interaction[HISTORY_START].long().cpu()
-    lengths = interaction[HISTORY_LENGTH].long().cpu()
-    rows = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
-    offsets = torch.cumsum(lengths, 0) - lengths
-    within = torch.arange(int(lengths.sum())) - torch.repeat_interleave(offsets, lengths)
-    items = histories.items[torch.repeat_interleave(starts, lengths) + within]
-    return rows, items.long()
+    return histories.items_of(interaction[HISTORY_START], interaction[HISTORY_LENGTH])
 
 
 _TRAINER_CLASSES: dict[type, type] = {}
@@ -286,12 +277,7 @@ def position_negatives(train_dataset, interaction, targets, model) -> torch.Tens
     histories = train_dataset.protocol_histories
     train_length = train_dataset.protocol_train_length
     users = interaction[model.USER_ID].long().cpu().numpy()
-    starts = torch.from_numpy(histories.start[users])
-    lengths = torch.from_numpy(train_length[users])
-    rows = torch.repeat_interleave(torch.arange(len(users)), lengths)
-    offsets = torch.cumsum(lengths, 0) - lengths
-    within = torch.arange(int(lengths.sum())) - torch.repeat_interleave(offsets, lengths)
-    seen_items = histories.items[torch.repeat_interleave(starts, lengths) + within].long()
+    rows, seen_items = histories.items_of(histories.start[users], train_length[users])
     seen = torch.zeros(len(users), model.n_items, dtype=torch.bool)
     seen[rows, seen_items] = True
     seen[:, 0] = True
