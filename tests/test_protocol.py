@@ -21,7 +21,9 @@ from recbole_freq.protocol import (
     position_negatives,
     protocol_label,
     protocol_names,
+    protocol_settings,
     protocol_trainer,
+    row_negatives,
 )
 from recbole_freq.quick_start import load_splits, new_model, run
 
@@ -502,3 +504,105 @@ def test_sasrec_protocol_trains_recbole_models(tiny_data, tmp_path, model):
     assert summary["config"]["eval_args"]["mode"] == {"valid": "uni100", "test": "uni100"}
     losses = [epoch["train_loss"] for epoch in summary["history"]]
     assert all(math.isfinite(loss) for loss in losses)
+
+
+def test_last_position_bce_is_fmlp_recs_loss(repeat_data, tmp_path):
+    """``train_loss: bce`` on one-target rows is FMLP-Rec's ``cross_entropy``: the output
+    at the last position, ``-log(s(pos) + 1e-24) - log(1 - s(neg) + 1e-24)`` averaged over
+    the rows, with each negative outside the row's input and target (``neg_sample``)."""
+    root, _ = repeat_data
+    config = FreqConfig(
+        "SASRec", "repeat", cmd_overrides=settings(root, tmp_path, protocol="fmlprec")
+    )
+    assert protocol_label(config) == "fmlprec"
+    _, (train, _, _) = load_splits(config)
+    model = new_model(config, train)
+    trainer = protocol_trainer(config, model)
+    model.eval()
+    batch = next(iter(train))
+    torch.manual_seed(0)
+    ours = trainer.last_position_loss(batch)
+    torch.manual_seed(0)
+    negatives = row_negatives(batch["item_id_list"], batch["item_id"], model.n_items)
+    weight = model.item_embedding.weight
+    losses = []
+    with torch.no_grad():
+        for row in range(len(batch)):
+            length = int(batch["item_length"][row])
+            items = batch["item_id_list"][row, :length].tolist() + [int(batch["item_id"][row])]
+            negative = int(negatives[row])
+            assert negative not in items and 0 < negative < model.n_items
+            output = model.forward(batch["item_id_list"][row : row + 1], torch.tensor([length]))[0]
+            positive = torch.sigmoid((output * weight[items[-1]]).sum())
+            sampled = torch.sigmoid((output * weight[negative]).sum())
+            losses.append(-torch.log(positive + 1e-24) - torch.log(1 - sampled + 1e-24))
+    assert float(ours.detach()) == pytest.approx(float(torch.stack(losses).mean()), rel=1e-5)
+    # and it is the loss a training epoch minimises, once per batch
+    calls = []
+    loss = trainer.last_position_loss
+    trainer.last_position_loss = lambda interaction: calls.append(1) or loss(interaction)
+    model.train()
+    trainer._train_epoch(train, 0)
+    assert len(calls) == len(train)
+
+
+def test_row_negatives_never_hit_the_row():
+    generator = torch.Generator().manual_seed(5)
+    n_items = 9
+    item_seq = torch.randint(0, n_items, (200, 4), generator=generator)
+    targets = torch.randint(1, n_items, (200,), generator=generator)
+    torch.manual_seed(1)
+    negatives = row_negatives(item_seq, targets, n_items)
+    for items, target, negative in zip(item_seq.tolist(), targets.tolist(), negatives.tolist()):
+        assert negative not in items and negative != target and 0 < negative < n_items
+    full = torch.arange(1, n_items)[None, :].repeat(2, 1)
+    with pytest.raises(ProtocolError, match="no negative"):
+        row_negatives(full[:, :-1], full[:, -1], n_items)
+
+
+def test_train_loss_follows_the_rows_unless_set(tiny_data, tmp_path):
+    base = settings(tiny_data, tmp_path)
+    sasrec = FreqConfig("SASRec", "tiny", cmd_overrides=dict(base, protocol="sasrec"))
+    assert protocol_settings(sasrec)["train_loss"] == "bce"
+    assert protocol_label(sasrec) == "sasrec"
+    recbole = FreqConfig("SASRec", "tiny", cmd_overrides=base)
+    assert protocol_settings(recbole)["train_loss"] == "model"
+    with_bce = FreqConfig("SASRec", "tiny", cmd_overrides=dict(base, train_loss="bce"))
+    assert protocol_label(with_bce) == "recbole+train_loss=bce"
+    refused = FreqConfig(
+        "SASRec", "tiny", cmd_overrides=dict(base, protocol="sasrec", train_loss="model")
+    )
+    with pytest.raises(ProtocolError, match="leave train_loss unset or set it to bce"):
+        protocol_settings(refused)
+    mine = FreqConfig("SASRec", "tiny", cmd_overrides=dict(base, protocol="fmlprec"))
+    assert mine["valid_metric"] == "MRR@100" and mine["eval_args"]["mode"]["test"] == "uni99"
+
+
+@pytest.mark.parametrize("model", ["SASRec", "BSARec", "GRU4Rec"])
+def test_fmlprec_protocol_trains_any_model_and_ranks_unseen_items(tiny_data, tmp_path, model):
+    # tiny has 40 items: 3 unseen negatives instead of 99, cut-offs up to 20 instead of 100
+    mode = {"split": {"LS": "valid_and_test"}, "order": "TO", "group_by": "user", "mode": "uni3"}
+    overrides = settings(
+        tiny_data,
+        tmp_path,
+        protocol="fmlprec",
+        epochs=2,
+        eval_args=mode,
+        topk=[1, 5, 10, 20],
+        valid_metric="MRR@20",
+    )
+    if model == "GRU4Rec":
+        overrides = without_transformer_settings(overrides)
+    summary = run(model, "tiny", cmd_overrides=overrides, saved=False)
+    assert summary["protocol"]["label"] == "fmlprec+mode=uni3"
+    assert summary["protocol"]["train_loss"] == "bce"
+    result = summary["test_result"]
+    assert {"hit@1", "ndcg@10", "mrr@20"} <= set(result)
+    assert result["hit@20"] == 1.0  # every target is among its 4 candidates
+    assert all(math.isfinite(epoch["train_loss"]) for epoch in summary["history"])
+
+
+def test_bce_refuses_objectives_it_would_drop(tiny_data, tmp_path):
+    overrides = settings(tiny_data, tmp_path, train_loss="bce", epochs=1)
+    with pytest.raises(ProtocolError, match="does not apply RecDenoiser's.*use train_loss=model"):
+        run("RecDenoiser", "tiny", cmd_overrides=overrides, saved=False)

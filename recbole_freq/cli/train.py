@@ -38,9 +38,9 @@ common overrides (any RecBole or model setting, as --key=value):
   --epochs=N --learning_rate=X --train_batch_size=N --MAX_ITEM_LIST_LENGTH=N
   --hidden_size=N --n_layers=N --n_heads=N --seed=N --data_path=DIR
   --checkpoint_dir=DIR --device=cpu|cuda --extra_test_modes="['uni100']"
-  --protocol=recbole|bsarec|uni100 (docs/protocols.md), or its pieces: --history_mask=
-  none|zero|exclude --train_rows=all_prefixes|window --eval_negatives=target_only|unseen
-  --stopping_rule=recbole|strict
+  --protocol=recbole|bsarec|fmlprec|sasrec|uni100 (docs/protocols.md), or its pieces:
+  --history_mask=none|zero|exclude --train_rows=all_prefixes|window|last_n_all_positions
+  --train_loss=model|bce --eval_negatives=target_only|unseen --stopping_rule=recbole|strict
 An unknown or misspelled key is an error; list your own keys under accept_unknown_keys.
 
 exit codes: 0 done, 1 an output could not be written, 2 bad usage or input,

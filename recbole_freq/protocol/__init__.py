@@ -30,6 +30,18 @@ through RecBole's own classes (the split datasets, the evaluation sampler, the
     one negative per position drawn among the items outside the user's training part
     (``ProtocolTrainer``; the model's own ``loss_type`` is not used).  Only for causal
     models (position t sees no later item), which is checked on the first batch.
+``train_loss``
+    ``model``: the model's own ``calculate_loss`` (its ``loss_type``, contrastive terms,
+    ...).
+    ``bce``: binary cross-entropy with one sampled negative per target,
+    ``-log s(r_pos) - log(1 - s(r_neg))``, computed by ``ProtocolTrainer`` from the
+    model's output and item embeddings.  For one-target rows (``all_prefixes``,
+    ``window``) it is FMLP-Rec's loss (Woeee/FMLP-Rec, ``trainers.py``,
+    ``cross_entropy``; ``datasets.py``, ``neg_sample``): the output at the last position,
+    the negative drawn among the items outside the row (its input and target).  For
+    ``last_n_all_positions`` it is SASRec's per-position loss above, the only loss those
+    rows train with.  Unset (``~``), it is ``bce`` for ``last_n_all_positions`` and
+    ``model`` otherwise.
 ``eval_negatives`` (sampled evaluation, e.g. ``uni100``)
     ``target_only``: RecBole's ``RepeatableSampler``, which excludes only the target, so
     an item of the user's history can be a negative.
@@ -55,11 +67,13 @@ from pathlib import Path
 PIECES = {
     "history_mask": ("none", "zero", "exclude"),
     "train_rows": ("all_prefixes", "window", "last_n_all_positions"),
+    "train_loss": ("model", "bce"),
     "eval_negatives": ("target_only", "unseen"),
     "stopping_rule": ("recbole", "strict"),
 }
 # The pieces that change the loaders (stopping_rule acts in the trainer only).
 DATA_PIECES = ("history_mask", "train_rows", "eval_negatives")
+ALL_POSITIONS = "last_n_all_positions"
 DEFAULT_PROTOCOL = "recbole"
 
 
@@ -99,14 +113,32 @@ def protocol_settings(config) -> dict:
     """The run's protocol name and pieces, validated: ``ProtocolError`` in one line."""
     name = config["protocol"] or DEFAULT_PROTOCOL
     protocol_file(name)
-    settings = {"protocol": name}
+    return {"protocol": name, **_pieces(config)}
+
+
+def _pieces(values) -> dict:
+    """Every piece's value in ``values`` (a config or a protocol file's settings), unset
+    ones at their default."""
+    settings = {}
     for piece, choices in PIECES.items():
-        value = config[piece] if piece in config else choices[0]
-        value = choices[0] if value is None else value
+        value = values[piece] if piece in values else None
+        if value is None:
+            value = _default(piece, settings)
         if value not in choices:
             raise ProtocolError(f"{piece}={value!r} is unknown; choose one of {', '.join(choices)}")
         settings[piece] = value
+    if settings["train_rows"] == ALL_POSITIONS and settings["train_loss"] != "bce":
+        raise ProtocolError(
+            f"train_rows={ALL_POSITIONS} trains every position with binary cross-entropy; "
+            "leave train_loss unset or set it to bce"
+        )
     return settings
+
+
+def _default(piece: str, settings: dict) -> str:
+    if piece == "train_loss":
+        return "bce" if settings["train_rows"] == ALL_POSITIONS else "model"
+    return PIECES[piece][0]
 
 
 def _test_mode(config) -> str:
@@ -121,10 +153,10 @@ def protocol_label(config) -> str:
     settings = protocol_settings(config)
     name = settings["protocol"]
     fixed = protocol_defaults(name)
-    changed = []
-    for piece, choices in PIECES.items():
-        if settings[piece] != fixed.get(piece, choices[0]):
-            changed.append(f"{piece}={settings[piece]}")
+    fixed_pieces = _pieces(fixed)
+    changed = [
+        f"{piece}={settings[piece]}" for piece in PIECES if settings[piece] != fixed_pieces[piece]
+    ]
     fixed_mode = (fixed.get("eval_args") or {}).get("mode", "full")
     fixed_mode = fixed_mode.get("test", "full") if isinstance(fixed_mode, dict) else fixed_mode
     if _test_mode(config) != fixed_mode:
@@ -157,9 +189,11 @@ from recbole_freq.protocol.trainer import (  # noqa: E402
     position_bce,
     position_negatives,
     protocol_trainer,
+    row_negatives,
 )
 
 __all__ = [
+    "ALL_POSITIONS",
     "DATA_PIECES",
     "DEFAULT_PROTOCOL",
     "HISTORY_LENGTH",
@@ -184,6 +218,7 @@ __all__ = [
     "protocol_record",
     "protocol_settings",
     "protocol_trainer",
+    "row_negatives",
     "use_protocol_negatives",
     "window_rows",
 ]

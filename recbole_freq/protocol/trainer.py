@@ -1,6 +1,7 @@
 """The trainer side of a protocol: ``ProtocolTrainer`` mixed into RecBole's trainer of
 the model (history masks in full-sort ranking, the stopping rule, per-user ranks) and
-SASRec's all-positions loss of ``train_rows: last_n_all_positions``."""
+the binary cross-entropy of ``train_loss: bce``: SASRec's at every position of
+``train_rows: last_n_all_positions``, FMLP-Rec's at the last position of other rows."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 import numpy as np
 import torch
 
-from recbole_freq.protocol import ProtocolError, protocol_settings
+from recbole_freq.protocol import ALL_POSITIONS, ProtocolError, protocol_settings
 from recbole_freq.protocol.rows import (
     HISTORY_LENGTH,
     HISTORY_START,
@@ -46,8 +47,9 @@ class ProtocolTrainer:
         self.history_mask = settings["history_mask"]
         self.stopping_rule = settings["stopping_rule"]
         self.train_rows = settings["train_rows"]
+        self.train_loss = settings["train_loss"]
         self._causality_checked = False
-        if self.train_rows == "last_n_all_positions":
+        if self.train_loss == "bce":
             check_plain_objective(self.model, config)
         self._eval_histories = None
         self._strict_best = None
@@ -67,9 +69,12 @@ class ProtocolTrainer:
             self._unrounded_evaluator = Evaluator(view)
 
     def _train_epoch(self, train_data, epoch_idx, loss_func=None, show_progress=False):
-        if self.train_rows == "last_n_all_positions" and loss_func is None:
+        if self.train_loss == "bce" and loss_func is None:
             self._train_items = train_data._dataset
-            loss_func = self.all_positions_loss
+            if self.train_rows == ALL_POSITIONS:
+                loss_func = self.all_positions_loss
+            else:
+                loss_func = self.last_position_loss
         return super()._train_epoch(
             train_data, epoch_idx, loss_func=loss_func, show_progress=show_progress
         )
@@ -86,6 +91,20 @@ class ProtocolTrainer:
         negatives = position_negatives(self._train_items, interaction, targets, model)
         output = all_position_output(model, interaction)
         return position_bce(output, targets, negatives, item_embedding_weight(model))
+
+    def last_position_loss(self, interaction):
+        """FMLP-Rec's loss (Woeee/FMLP-Rec, ``trainers.py``, ``cross_entropy``): the output
+        at the row's last position, ``-log s(r_pos) - log(1 - s(r_neg))`` with one negative
+        drawn among the items outside the row (``datasets.py``, ``neg_sample``), averaged
+        over the rows."""
+        model = self.model
+        item_seq = interaction[model.ITEM_SEQ]
+        targets = interaction[model.POS_ITEM_ID]
+        negatives = row_negatives(item_seq, targets, model.n_items)
+        output = model.forward(item_seq, interaction[model.ITEM_SEQ_LEN])
+        return position_bce(
+            output[:, None], targets[:, None], negatives[:, None], item_embedding_weight(model)
+        )
 
     def evaluate(self, eval_data, load_best_model=True, model_file=None, show_progress=False):
         self._eval_histories = getattr(eval_data._dataset, "protocol_histories", None)
@@ -186,36 +205,67 @@ def protocol_trainer(config, model):
     return trainer
 
 
-# ------------------------------------------------- SASRec-style training (all positions)
+# ------------------------------------------ binary cross-entropy training (train_loss: bce)
+
+
+def _bce_source(config) -> str:
+    if protocol_settings(config)["train_rows"] == ALL_POSITIONS:
+        return f"train_rows={ALL_POSITIONS} trains with SASRec's per-position loss"
+    return "train_loss=bce trains with FMLP-Rec's binary cross-entropy"
+
+
+def _bce_way_out(config) -> str:
+    if protocol_settings(config)["train_rows"] == ALL_POSITIONS:
+        return "use train_rows=all_prefixes or window"
+    return "use train_loss=model"
 
 
 def check_plain_objective(model, config) -> None:
-    """The per-position loss is computed here, not by the model: a model whose training
-    objective adds more (Rec-Denoiser's masks and Jacobian term, PolyRec's contrastive
-    term) would silently lose it, so it is refused."""
+    """The binary cross-entropy is computed here, not by the model: a model whose
+    training objective adds more (Rec-Denoiser's masks and Jacobian term, PolyRec's
+    contrastive term) would silently lose it, so it is refused."""
     objective = getattr(model, "objective", None)
     if objective is not None and type(objective).__name__ != "PlainObjective":
         raise ProtocolError(
-            f"train_rows=last_n_all_positions trains with SASRec's per-position loss, "
-            f"which does not apply {config['model']}'s {type(objective).__name__}; use "
-            "train_rows=all_prefixes or window"
+            f"{_bce_source(config)}, which does not apply {config['model']}'s "
+            f"{type(objective).__name__}; {_bce_way_out(config)}"
         )
     if float(config["cl_weight"] or 0) > 0:
         raise ProtocolError(
-            f"train_rows=last_n_all_positions trains with SASRec's per-position loss, "
-            f"which has no contrastive term (cl_weight={config['cl_weight']}); set "
-            "cl_weight=0 or use train_rows=all_prefixes or window"
+            f"{_bce_source(config)}, which has no contrastive term "
+            f"(cl_weight={config['cl_weight']}); set cl_weight=0 or {_bce_way_out(config)}"
+        )
+    if not isinstance(getattr(model, "item_embedding", None), torch.nn.Embedding):
+        raise ProtocolError(
+            f"{_bce_source(config)}, which scores items with the model's item_embedding; "
+            f"{type(model).__name__} has none; {_bce_way_out(config)}"
         )
 
 
 def item_embedding_weight(model) -> torch.Tensor:
-    embedding = getattr(model, "item_embedding", None)
-    if not isinstance(embedding, torch.nn.Embedding):
+    return model.item_embedding.weight
+
+
+def row_negatives(item_seq, targets, n_items: int) -> torch.Tensor:
+    """One negative per row, uniform over the items that are neither in the row's input
+    nor its target (FMLP-Rec's ``neg_sample(set(items))``), drawn with torch's global
+    generator."""
+    item_seq, targets_cpu = item_seq.cpu(), targets.cpu()
+    seen = torch.zeros(len(targets_cpu), n_items, dtype=torch.bool)
+    seen.scatter_(1, item_seq, True)
+    seen[torch.arange(len(targets_cpu)), targets_cpu] = True
+    seen[:, 0] = True
+    if seen.all(dim=1).any():
         raise ProtocolError(
-            f"train_rows=last_n_all_positions scores items with the model's item_embedding; "
-            f"{type(model).__name__} has none"
+            "train_loss=bce: a training row holds every item, leaving no negative to draw; "
+            "use train_loss=model"
         )
-    return embedding.weight
+    negatives = torch.randint(1, n_items, targets_cpu.shape)
+    redraw = seen.gather(1, negatives[:, None])[:, 0]
+    while redraw.any():
+        negatives[redraw] = torch.randint(1, n_items, (int(redraw.sum()),))
+        redraw = seen.gather(1, negatives[:, None])[:, 0]
+    return negatives.to(targets.device)
 
 
 def all_position_output(model, interaction) -> torch.Tensor:
