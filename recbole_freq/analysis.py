@@ -153,8 +153,12 @@ class EncoderProbe:
         for index, layer in enumerate(layers):
             self.handles.append(layer.register_forward_hook(self._record_output(index)))
             if self.family == "core":
-                operator = layer.mixer.attention.operator
-                self.handles.append(operator.register_forward_pre_hook(self._core_attn(index)))
+                attention = getattr(layer.mixer, "attention", None)  # a filter mixer has none
+                if attention is not None:
+                    operator = attention.operator
+                    self.handles.append(
+                        operator.register_forward_pre_hook(self._core_attn(index))
+                    )
             else:
                 softmax = layer.multi_head_attention.softmax
                 self.handles.append(softmax.register_forward_hook(self._recbole_attn(index)))

@@ -74,7 +74,7 @@ def get_model_class(name):
             pass
     raise UnknownModelError(
         f"unknown model {name!r}. Plugin models: {', '.join(sorted(MODELS))}; or any "
-        "RecBole built-in, e.g. SASRec, BERT4Rec, GRU4Rec, Caser, FEARec, DuoRec "
+        "RecBole built-in, e.g. SASRec, BERT4Rec, GRU4Rec, Caser, FEARec "
         "(names are case-sensitive)"
     )
 

@@ -52,8 +52,8 @@ from recbole_freq.compare.tables import (
     summarise,
 )
 from recbole_freq.files import check_writable, write_atomic
-from recbole_freq.model import MODELS
-from recbole_freq.protocol import protocol_file
+from recbole_freq.model import BASELINES, MODELS
+from recbole_freq.protocol import comparable_label, protocol_file
 
 # ---------------------------------------------------------------------------- API
 
@@ -83,12 +83,14 @@ def _paper_models(models, dataset, overrides: dict, protocols) -> list[str]:
 
 def check_protocols(records: dict, entries, seeds, mixed: bool) -> dict:
     """Each entry's protocol label; ``ComparisonError`` when the entries of one table were
-    made under different protocols, unless ``mixed`` (then each row names its own)."""
+    made under different protocols, unless ``mixed`` (then each row names its own).
+    Labels that differ only in model pieces (a model's own ``train_loss``) are one
+    protocol."""
     labels = {}
     for entry in entries:
         found = {run_protocol_label(records[(entry, seed)]) for seed in seeds}
         labels[entry] = " / ".join(sorted(found))
-    if len(set(labels.values())) > 1 and not mixed:
+    if len({comparable_label(label) for label in labels.values()}) > 1 and not mixed:
         listing = "; ".join(f"{split_entry(e)[0]}: {label}" for e, label in labels.items())
         raise ComparisonError(
             f"these runs were made under different protocols ({listing}), so their numbers "
@@ -181,7 +183,7 @@ def compare(
     for model in models:
         get_model_class(model)  # UnknownModelError names the known models
     if baselines is None:
-        baselines = [model for model in models if model not in MODELS]
+        baselines = [model for model in models if model not in MODELS or model in BASELINES]
     else:
         baselines = _parse_list(baselines, "--baselines")
         unknown = [model for model in baselines if model not in models]

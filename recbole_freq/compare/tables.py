@@ -16,7 +16,7 @@ from recbole_freq.compare.runs import (
     ComparisonError,
 )
 from recbole_freq.files import write_atomic
-from recbole_freq.protocol import protocol_label
+from recbole_freq.protocol import comparable_label, protocol_label
 from recbole_freq.quick_start import extra_test_modes
 
 # ---------------------------------------------------------------------------- statistics
@@ -425,11 +425,16 @@ def protocol_side_by_side(rows, metrics, seeds, protocols) -> str:
 
 def protocol_note(config, labels=()) -> str:
     labels = list(labels) or [protocol_label(config)]
-    named = (
-        f"Protocol {labels[0]} (docs/protocols.md)"
-        if len(labels) == 1
-        else f"Mixed protocols ({', '.join(labels)}; each row names its own)"
-    )
+    common = sorted({comparable_label(label) for label in labels})
+    if len(labels) == 1:
+        named = f"Protocol {labels[0]} (docs/protocols.md)"
+    elif len(common) == 1:
+        named = (
+            f"Protocol {common[0]} (docs/protocols.md), each model with its own training loss "
+            f"({', '.join(labels)})"
+        )
+    else:
+        named = f"Mixed protocols ({', '.join(labels)}; each row names its own)"
     note = (
         f"{named}: eval_args {dict(config['eval_args'])}, valid_metric {config['valid_metric']}, "
         f"epochs ≤ {config['epochs']}, stopping_step {config['stopping_step']}."

@@ -266,7 +266,8 @@ def learned_masks(encoder: nn.Module, bidirectional: bool) -> list[dict]:
     """
     masks = []
     for layer, block in enumerate(encoder.blocks):
-        operator = block.mixer.attention.operator
+        attention = getattr(block.mixer, "attention", None)  # a filter mixer has none
+        operator = getattr(attention, "operator", None)
         if not isinstance(operator, DenoisingMaskAttention):
             continue
         with torch.no_grad():

@@ -4,7 +4,8 @@ Each paper contributes a piece and the registries below name them, so every comb
 is one config line away and no model file carries attention, LayerNorm or feed-forward
 code of its own:
 
-- ``TOKEN_MIXERS``: ``self_attention`` (SASRec-style blocks) or ``bsa`` (BSARec eq. 5);
+- ``TOKEN_MIXERS``: ``self_attention`` (SASRec-style blocks), ``bsa`` (BSARec eq. 5) or
+  ``filter`` (FMLP-Rec's learnable filter);
 - ``ATTENTION_OPERATORS`` (``attention_operator``): queries, keys and values -> ``A V``
   per head: ``softmax`` (BSARec eq. 1), ``chebyshev`` (PolyRec eq. 10-12), ``denoise``
   (Rec-Denoiser eq. 5);
@@ -22,7 +23,12 @@ from dataclasses import dataclass, replace
 from torch import nn
 
 from recbole_freq.model.denoising import DenoisingMaskAttention
-from recbole_freq.model.frequency import BeyondSelfAttentionMixer, FrequencyRescaler
+from recbole_freq.model.frequency import (
+    BeyondSelfAttentionMixer,
+    FilterMixer,
+    FrequencyRescaler,
+    LearnableFilter,
+)
 from recbole_freq.model.layers import (
     FeedForward,
     MultiHeadSelfAttention,
@@ -86,7 +92,7 @@ RESIDUAL_PATHS: dict[str, Component] = {
     ),
 }
 
-TOKEN_MIXERS = ("self_attention", "bsa")
+TOKEN_MIXERS = ("self_attention", "bsa", "filter")
 
 
 def _lookup(registry: dict[str, Component], kind: str, name: str) -> Component:
@@ -153,17 +159,24 @@ def build_encoder(
                 replace(context, sublayer=sublayer), **(residual_options or {})
             )
 
-        attention = MultiHeadSelfAttention(
-            hidden_size,
-            n_heads,
-            operator.factory(context, **(operator_options or {})),
-            residual_for("attention"),
-        )
-        if token_mixer == "bsa":
-            rescaler = FrequencyRescaler(max_seq_length, c, hidden_size, beta_type)
-            mixer = BeyondSelfAttentionMixer(attention, rescaler, residual_for("filter"), alpha)
+        if token_mixer == "filter":
+            mixer = FilterMixer(
+                LearnableFilter(max_seq_length, hidden_size), residual_for("filter")
+            )
         else:
-            mixer = SelfAttentionMixer(attention)
+            attention = MultiHeadSelfAttention(
+                hidden_size,
+                n_heads,
+                operator.factory(context, **(operator_options or {})),
+                residual_for("attention"),
+            )
+            if token_mixer == "bsa":
+                rescaler = FrequencyRescaler(max_seq_length, c, hidden_size, beta_type)
+                mixer = BeyondSelfAttentionMixer(
+                    attention, rescaler, residual_for("filter"), alpha
+                )
+            else:
+                mixer = SelfAttentionMixer(attention)
         feed_forward = FeedForward(
             hidden_size, inner_size, hidden_act, residual_for("feed_forward")
         )

@@ -1,5 +1,7 @@
-"""BSARec's frequency pieces (Shin et al., AAAI 2024): the attentive inductive bias with
-its frequency rescaler (eq. 2, 7) and the beyond-self-attention token mixer (eq. 5)."""
+"""Frequency-domain token mixers: BSARec's attentive inductive bias with its frequency
+rescaler (Shin et al., AAAI 2024, eq. 2, 7) and beyond-self-attention mixer (eq. 5), and
+FMLP-Rec's learnable filter (Zhou et al., WWW 2022, the filter layer of its
+filter-enhanced blocks)."""
 
 from __future__ import annotations
 
@@ -130,3 +132,48 @@ class BeyondSelfAttentionMixer(nn.Module):
             else:
                 features["bsa"] = self.alpha * features["ib"] + (1 - self.alpha) * features["sa"]
         return features
+
+
+class LearnableFilter(nn.Module):
+    """FMLP-Rec's filter layer (Zhou et al., WWW 2022, "learnable filters"): the
+    orthonormal real FFT of the sequence along its axis, ``X = F(F^l)``, multiplied
+    element-wise by a learnable complex filter ``W`` of one value per frequency bin and
+    hidden dimension, ``X~ = W * X``, and transformed back, ``F~ = F^-1(X~)``.
+
+    As in the authors' ``FilterLayer`` (Woeee/FMLP-Rec, ``modules.py``), ``W`` starts
+    from ``0.02 N(0, 1)`` in its real and imaginary parts.  The filter is circulant
+    (diagonal in the Fourier basis), so it commutes with the circular shift between
+    RecBole's right padding and the authors' left padding.
+    """
+
+    def __init__(self, seq_len: int, hidden_size: int):
+        super().__init__()
+        self.seq_len = seq_len
+        self.complex_weight = nn.Parameter(
+            torch.randn(1, seq_len // 2 + 1, hidden_size, 2, dtype=torch.float32) * 0.02
+        )
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        spectrum = torch.fft.rfft(hidden, dim=1, norm="ortho")
+        spectrum = spectrum * torch.view_as_complex(self.complex_weight)
+        return torch.fft.irfft(spectrum, n=self.seq_len, dim=1, norm="ortho")
+
+    def extra_repr(self) -> str:
+        return f"seq_len={self.seq_len}"
+
+
+class FilterMixer(nn.Module):
+    """Token mixer of FMLP-Rec's filter-enhanced blocks: the learnable filter closed by
+    its residual path, ``LayerNorm(F^l + Dropout(F~))``; the branch ``filter``.
+    It mixes over the whole sequence, attention mask unused, as in the authors' code."""
+
+    branches = ("filter",)
+    default_branches = ("filter",)
+
+    def __init__(self, filter_layer: LearnableFilter, residual):
+        super().__init__()
+        self.filter = filter_layer
+        self.residual = residual
+
+    def forward(self, hidden, mask, wanted: Sequence[str]):
+        return {"filter": self.residual(self.filter(hidden), hidden)}

@@ -74,6 +74,10 @@ PIECES = {
 # The pieces that change the loaders (stopping_rule acts in the trainer only).
 DATA_PIECES = ("history_mask", "train_rows", "eval_negatives")
 ALL_POSITIONS = "last_n_all_positions"
+# Pieces that are part of a model's recipe as much as of a protocol: the papers' tables
+# train each model with its own loss (BSARec with CE, FMLP-Rec with BCE) under one
+# protocol.  Labels name them; comparisons accept runs that differ only in them.
+MODEL_PIECES = ("train_loss",)
 DEFAULT_PROTOCOL = "recbole"
 
 
@@ -164,6 +168,14 @@ def protocol_label(config) -> str:
     return "+".join([name, *changed])
 
 
+def comparable_label(label: str) -> str:
+    """``label`` without its model pieces: runs whose labels agree on this share a table
+    (``bsarec+train_loss=bce`` -> ``bsarec``)."""
+    parts = str(label).split("+")
+    kept = [p for p in parts[1:] if p.partition("=")[0] not in MODEL_PIECES]
+    return "+".join([parts[0], *kept])
+
+
 def protocol_record(config) -> dict:
     """What every summary, checkpoint and search result keeps about its protocol."""
     return {"label": protocol_label(config), **protocol_settings(config)}
@@ -194,6 +206,8 @@ from recbole_freq.protocol.trainer import (  # noqa: E402
 
 __all__ = [
     "ALL_POSITIONS",
+    "MODEL_PIECES",
+    "comparable_label",
     "DATA_PIECES",
     "DEFAULT_PROTOCOL",
     "HISTORY_LENGTH",

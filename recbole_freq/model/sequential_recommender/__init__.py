@@ -1,7 +1,8 @@
 from recbole_freq.model.sequential_recommender.bert4rec_denoiser import BERT4RecDenoiser
 from recbole_freq.model.sequential_recommender.bsarec import BSARec
 from recbole_freq.model.sequential_recommender.fbsarec import FBSARec
+from recbole_freq.model.sequential_recommender.fmlprec import FMLPRec
 from recbole_freq.model.sequential_recommender.polyrec import PolyRec
 from recbole_freq.model.sequential_recommender.recdenoiser import RecDenoiser
 
-__all__ = ["BSARec", "FBSARec", "PolyRec", "RecDenoiser", "BERT4RecDenoiser"]
+__all__ = ["BSARec", "FBSARec", "FMLPRec", "PolyRec", "RecDenoiser", "BERT4RecDenoiser"]
