@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 import uuid
@@ -100,7 +101,9 @@ class TrainingRecorder:
         # The epoch whose checkpoint the trainer kept: RecBole's early_stopping counts a
         # tie as an improvement (the last epoch reaching the best), the strict rule does
         # not (the first).
-        return reached[0] if getattr(self.trainer, "stopping_rule", None) == "strict" else reached[-1]
+        return (
+            reached[0] if getattr(self.trainer, "stopping_rule", None) == "strict" else reached[-1]
+        )
 
 
 def run(
@@ -312,6 +315,8 @@ def build_model(config, dataset):
     not divide the hidden size ...): any failure while building is one line naming the
     model and the failure, not a traceback."""
     model_class = get_model_class(config["model"])
+    if config["model"] == "FEARec":
+        _check_fearec_delays(config)
     try:
         model = model_class(config, dataset)
     except ValueError:
@@ -322,6 +327,40 @@ def build_model(config, dataset):
             f"{type(error).__name__}: {error or 'assertion failed'}"
         ) from error
     return model.to(config["device"])
+
+
+def _check_fearec_delays(config) -> None:
+    """FEARec's autocorrelation keeps the ``k = int(topk_factor * ln L)`` strongest of the
+    time delays of a sequence of ``L = MAX_ITEM_LIST_LENGTH`` positions (RecBole's
+    ``HybridAttention.time_delay_agg_*``, after Autoformer).  Its correlation is the
+    ``irfft`` of ``L // 2 + 1`` bins, so there are ``2 * (L // 2)`` delays (one fewer than
+    L when L is odd).  With k above that, or k < 1, the model fails in its first forward
+    pass, after the data is loaded; here it is one line naming the two settings and the
+    values that work."""
+    factor, length = config["topk_factor"], config["MAX_ITEM_LIST_LENGTH"]
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
+        raise ModelBuildError(f"FEARec needs topk_factor > 0, got {factor!r}")
+
+    def kept(n):
+        return int(factor * math.log(n)) if n > 1 else 0
+
+    delays, available = kept(length), 2 * (length // 2)
+    if delays < 1:
+        raise ModelBuildError(
+            f"FEARec with topk_factor={factor} and MAX_ITEM_LIST_LENGTH={length} keeps "
+            f"int({factor} * ln {length}) = {delays} time delays; raise either so that it "
+            "is at least 1"
+        )
+    if delays > available:
+        shortest = next((n for n in range(length + 1, 10**6) if kept(n) <= 2 * (n // 2)), None)
+        longer = f"MAX_ITEM_LIST_LENGTH >= {shortest} or " if shortest else ""
+        largest = math.floor((available + 1) / math.log(length))
+        largest -= int(largest * math.log(length)) > available
+        raise ModelBuildError(
+            f"FEARec with topk_factor={factor} keeps int({factor} * ln {length}) = {delays} "
+            f"time delays, more than the {available} that MAX_ITEM_LIST_LENGTH={length} "
+            f"has (2 * (L // 2)); use {longer}topk_factor <= {largest}"
+        )
 
 
 def check_run_settings(config) -> None:
@@ -476,5 +515,3 @@ def evaluate_extra_test_modes(config, recbole_dataset, loaders, trainer, saved) 
         config["eval_args"]["mode"] = original_mode
         config["test_neg_sample_args"] = original_neg_args
     return results
-
-

@@ -417,6 +417,6 @@ def test_pairwise_loss_without_negatives_is_refused(small_config, tmp_path, caps
 
 
 def test_a_recbole_model_that_cannot_be_built_is_one_line(small_config, capsys):
-    assert run_main(dict(small_config, n_layers=1), model="FEARec") == 2
+    assert run_main(dict(small_config, n_layers=1, topk_factor=1), model="FEARec") == 2
     err = one_error_line(capsys)
     assert err.startswith("error: FEARec cannot be built with these settings: ")

@@ -40,6 +40,7 @@ from recbole_freq.compare.runs import (
 from recbole_freq.compare.tables import (
     CORRECTIONS,
     add_per_user_tests,
+    builtin_settings_note,
     choose_metrics,
     csv_text,
     improvement,
@@ -209,9 +210,7 @@ def compare(
         models, dataset, config_files, overrides, seeds, protocols or [None], paper_models
     )
     config = next(iter(configs.values()))
-    metrics = choose_metrics(
-        None if metrics is None else _parse_list(metrics, "--metrics"), config
-    )
+    metrics = choose_metrics(None if metrics is None else _parse_list(metrics, "--metrics"), config)
     check_writable(out, "--out")
     check_out_dir(out, settings)
 
@@ -263,6 +262,7 @@ def compare(
             row["model"] = split_entry(row["model"])[0]
         rows += group_rows
         note = protocol_note(configs[protocol], sorted(set(labels.values())))
+        note += builtin_settings_note(records, group, seeds)
         sections.append(markdown_table(group_rows, metrics, dataset, seeds, note, correction))
     if protocols:
         sections = [
