@@ -74,8 +74,8 @@ def _apply(config, changes: dict) -> None:
 
 def evaluate_checkpoint(path, variants, data_path=None, device="cpu") -> list[dict]:
     """Test the checkpoint at ``path`` under each variant; one dict per variant with
-    ``variant``, ``protocol`` (the label: training pieces are the checkpoint's) and
-    ``test_result``.  Sampled negatives are drawn after seeding with the checkpoint's
+    ``variant``, ``protocol`` (the label: training pieces are the checkpoint's),
+    ``test_result`` and ``test_per_user`` (each test user's rank, as run summaries keep).  Sampled negatives are drawn after seeding with the checkpoint's
     seed, so a variant gives the same numbers every time."""
     from recbole.utils import init_seed
 
@@ -90,14 +90,17 @@ def evaluate_checkpoint(path, variants, data_path=None, device="cpu") -> list[di
         init_seed(config["seed"], config["reproducibility"])
         trainer = protocol_trainer(config, model)
         test_result = trainer.evaluate(test_data, load_best_model=False, show_progress=False)
-        results.append(
-            {
-                "variant": text,
-                "protocol": protocol_label(config),
-                "trained_under": _trained_under(config),
-                "test_result": {key: float(value) for key, value in test_result.items()},
-            }
-        )
+        result = {
+            "variant": text,
+            "protocol": protocol_label(config),
+            "trained_under": _trained_under(config),
+            "test_result": {key: float(value) for key, value in test_result.items()},
+        }
+        per_user = trainer.per_user_ranks()
+        if per_user is not None:
+            # as in run summaries: lets two checkpoints be tested user by user
+            result["test_per_user"] = per_user
+        results.append(result)
     return results
 
 

@@ -354,9 +354,16 @@ def test_evaluate_one_checkpoint_under_several_protocols(small_config, tmp_path,
         "bsarec+train_rows=all_prefixes+stopping_rule=recbole",
         "recbole+mode=uni10",
     ]
-    # The recbole variant is the training run's own test.
+    # The recbole variant is the training run's own test, user by user too.
     for metric, value in summary["test_result"].items():
         assert results[0]["test_result"][metric] == pytest.approx(value, abs=1e-4)
+    assert results[0]["test_per_user"] == summary["test_per_user"]
+    from recbole_freq.compare.tables import per_user_values
+
+    for result in results:
+        for metric, value in result["test_result"].items():
+            _, values = per_user_values([result], metric)
+            assert values.mean() == pytest.approx(value, abs=1e-4), (result["variant"], metric)
     # bsarec ranks as history_mask=zero does; masking the history lifts the metrics here.
     assert results[2]["test_result"] == results[1]["test_result"]
     assert results[1]["test_result"]["ndcg@20"] != results[0]["test_result"]["ndcg@20"]
