@@ -13,6 +13,7 @@ from conftest import first_batch, prepare
 from recbole_freq.cli import main
 from recbole_freq.compare import compare
 from recbole_freq.config import FreqConfig
+from recbole_freq.protocol import ProtocolError
 from recbole_freq.quick_start import new_model, run
 
 AUTHORS = {
@@ -113,3 +114,9 @@ def test_a_comparison_names_the_fearec_settings_it_used(small_config, tmp_path):
         "FEARec ran with properties/model/FEARec.yaml except global_ratio=1, "
         "dual_domain=False, fredom=False."
     ) in table["markdown"]
+
+
+def test_a_protocol_loss_that_would_drop_fearec_s_terms_is_refused(small_config):
+    overrides = dict(small_config, epochs=1, train_loss="bce", **LONG)
+    with pytest.raises(ProtocolError, match="leaves out FEARec's contrastive term .*frequency-"):
+        run("FEARec", "tiny", cmd_overrides=overrides, saved=False)

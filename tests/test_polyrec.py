@@ -15,6 +15,7 @@ from conftest import first_batch, prepare
 from recbole_freq.cli import main
 from recbole_freq.config import FreqConfig
 from recbole_freq.model import PolyRec
+from recbole_freq.model.contrastive import SameTargetSampler
 from recbole_freq.model.layers import (
     SoftmaxAttention,
     StandardResidual,
@@ -22,7 +23,6 @@ from recbole_freq.model.layers import (
     build_attention_mask,
 )
 from recbole_freq.model.polynomial import ChebyshevAttention, TruncatedResidual, chebyshev_terms
-from recbole_freq.model.sequential_recommender.polyrec import SameTargetSampler
 from recbole_freq.quick_start import REPORTED_METRICS, run
 
 

@@ -10,7 +10,7 @@ import torch
 from recbole.model.sequential_recommender import BERT4Rec, SASRec
 from recbole.trainer import Trainer
 
-from conftest import first_batch, prepare
+from conftest import first_batch, prepare, recbole_state
 from recbole_freq.model import BERT4RecDenoiser, RecDenoiser
 from recbole_freq.model.denoising import (
     DenoisingMaskAttention,
@@ -310,46 +310,6 @@ def test_sparsity_penalty_scale_rejects_unknown_normalization_and_empty_splits()
 
 
 # --- equivalence with the unchanged backbones ---------------------------------------------
-
-
-def recbole_state(model, reference):
-    """Load ``model``'s weights into RecBole's SASRec / BERT4Rec ``reference``; returns,
-    per RecBole parameter name, ``(our parameter, rows)`` (rows of the fused QKV)."""
-    pairs = {
-        "item_embedding": model.embedding.item_embedding,
-        "position_embedding": model.embedding.position_embedding,
-        "LayerNorm": model.embedding.layer_norm,
-    }
-    shared = {}
-    for i, block in enumerate(model.encoder.blocks):
-        attention, ffn = block.mixer.attention, block.feed_forward
-        prefix = f"trm_encoder.layer.{i}."
-        size = attention.qkv.weight.size(0) // 3
-        for part, name in enumerate(("query", "key", "value")):
-            for kind in ("weight", "bias"):
-                rows = slice(part * size, (part + 1) * size)
-                shared[f"{prefix}multi_head_attention.{name}.{kind}"] = (
-                    getattr(attention.qkv, kind),
-                    rows,
-                )
-        pairs.update(
-            {
-                f"{prefix}multi_head_attention.dense": attention.dense,
-                f"{prefix}multi_head_attention.LayerNorm": attention.residual.layer_norm,
-                f"{prefix}feed_forward.dense_1": ffn.dense_in,
-                f"{prefix}feed_forward.dense_2": ffn.dense_out,
-                f"{prefix}feed_forward.LayerNorm": ffn.residual.layer_norm,
-            }
-        )
-    if isinstance(model, BERT4RecDenoiser):
-        pairs.update(output_ffn=model.output_ffn, output_ln=model.output_ln)
-        shared["output_bias"] = (model.output_bias, slice(None))
-    for name, module in pairs.items():
-        for kind, parameter in module.named_parameters():
-            shared[f"{name}.{kind}"] = (parameter, slice(None))
-    state = {name: parameter.detach()[rows].clone() for name, (parameter, rows) in shared.items()}
-    reference.load_state_dict(state, strict=True)
-    return shared
 
 
 @pytest.mark.parametrize(

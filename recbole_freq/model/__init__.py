@@ -4,6 +4,7 @@ the ones that are the papers' baselines (reimplemented here because RecBole lack
 from recbole_freq.model.sequential_recommender import (
     BERT4RecDenoiser,
     BSARec,
+    DuoRec,
     FBSARec,
     FMLPRec,
     PolyRec,
@@ -12,15 +13,16 @@ from recbole_freq.model.sequential_recommender import (
 
 MODELS = {
     model.__name__: model
-    for model in (BSARec, FBSARec, FMLPRec, PolyRec, RecDenoiser, BERT4RecDenoiser)
+    for model in (BSARec, FBSARec, FMLPRec, DuoRec, PolyRec, RecDenoiser, BERT4RecDenoiser)
 }
 # Comparisons count these with RecBole's built-ins as baselines (the Improv. row).
-BASELINES = frozenset({"FMLPRec"})
+BASELINES = frozenset({"FMLPRec", "DuoRec"})
 
 __all__ = [
     "BASELINES",
     "MODELS",
     "BSARec",
+    "DuoRec",
     "FBSARec",
     "FMLPRec",
     "PolyRec",

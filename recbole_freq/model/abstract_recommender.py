@@ -191,6 +191,12 @@ class TransformerRecommender(SequentialRecommender):
             return -torch.log(1e-10 + torch.sigmoid(pos_score - neg_score))
         return F.softplus(-pos_score) + F.softplus(neg_score)
 
+    def auxiliary_losses(self) -> list[str]:
+        """The terms this model adds to its recommendation loss (contrastive terms ...),
+        named with the settings that turn them off; a protocol that computes the loss
+        itself (``train_loss: bce``) refuses a model that has any."""
+        return []
+
     def regularization_loss(self):
         """Sum of the ``regularization_loss()`` terms that encoder components define
         (e.g. a sparsity penalty of an attention operator); 0 when none does."""

@@ -172,9 +172,7 @@ def build_encoder(
             )
             if token_mixer == "bsa":
                 rescaler = FrequencyRescaler(max_seq_length, c, hidden_size, beta_type)
-                mixer = BeyondSelfAttentionMixer(
-                    attention, rescaler, residual_for("filter"), alpha
-                )
+                mixer = BeyondSelfAttentionMixer(attention, rescaler, residual_for("filter"), alpha)
             else:
                 mixer = SelfAttentionMixer(attention)
         feed_forward = FeedForward(

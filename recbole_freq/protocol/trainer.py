@@ -222,24 +222,43 @@ def _bce_way_out(config) -> str:
 
 def check_plain_objective(model, config) -> None:
     """The binary cross-entropy is computed here, not by the model: a model whose
-    training objective adds more (Rec-Denoiser's masks and Jacobian term, PolyRec's
-    contrastive term) would silently lose it, so it is refused."""
+    training objective adds more (Rec-Denoiser's masks and Jacobian term, the
+    contrastive terms of PolyRec, DuoRec and FEARec) would silently lose it, so it is
+    refused."""
     objective = getattr(model, "objective", None)
     if objective is not None and type(objective).__name__ != "PlainObjective":
         raise ProtocolError(
             f"{_bce_source(config)}, which does not apply {config['model']}'s "
             f"{type(objective).__name__}; {_bce_way_out(config)}"
         )
-    if float(config["cl_weight"] or 0) > 0:
+    terms = auxiliary_terms(model, config)
+    if terms:
         raise ProtocolError(
-            f"{_bce_source(config)}, which has no contrastive term "
-            f"(cl_weight={config['cl_weight']}); set cl_weight=0 or {_bce_way_out(config)}"
+            f"{_bce_source(config)}, which leaves out {config['model']}'s "
+            f"{' and '.join(terms)}; turn them off or {_bce_way_out(config)}"
         )
     if not isinstance(getattr(model, "item_embedding", None), torch.nn.Embedding):
         raise ProtocolError(
             f"{_bce_source(config)}, which scores items with the model's item_embedding; "
             f"{type(model).__name__} has none; {_bce_way_out(config)}"
         )
+
+
+def auxiliary_terms(model, config) -> list[str]:
+    """Loss terms ``model`` adds to its recommendation loss: the plugin models say
+    (``auxiliary_losses``); of RecBole's built-ins, FEARec adds its contrastive and
+    frequency-domain terms when its settings turn them on."""
+    hook = getattr(model, "auxiliary_losses", None)
+    if callable(hook):
+        return list(hook())
+    if config["model"] == "FEARec":
+        terms = []
+        if config["contrast"] not in (None, "None"):
+            terms.append(f"contrastive term (contrast={config['contrast']})")
+        if config["fredom"]:
+            terms.append("frequency-domain term (fredom=True)")
+        return terms
+    return []
 
 
 def item_embedding_weight(model) -> torch.Tensor:

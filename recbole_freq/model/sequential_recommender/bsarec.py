@@ -46,4 +46,3 @@ class BSARec(TransformerRecommender):
     def learned_beta(self) -> list[torch.Tensor]:
         """Per layer, the learned high-frequency scale beta (Fig. 7a): D values or one."""
         return [block.mixer.rescaler.beta.detach().cpu() for block in self.encoder.blocks]
-

@@ -4,83 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import numpy as np
-import pandas as pd
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from recbole_freq.model.abstract_recommender import TransformerRecommender, config_value
+from recbole_freq.model.contrastive import SameTargetSampler
 from recbole_freq.model.objectives import DenoisingObjective
 from recbole_freq.model.polynomial import ChebyshevAttention
 from recbole_freq.options import as_number
-
-
-class SameTargetSampler(nn.Module):
-    """Supervised positives of PolyRec eq. 16 (as in DuoRec): for each sequence, another
-    *training* sequence with the same target item, drawn uniformly.
-
-    The index is built once from the training dataset: its distinct ``(target,
-    sequence)`` rows, grouped by target (``rows``, with ``group_start`` / ``group_size``
-    per item id).  A draw is then a few vectorised gathers per batch, on the model's
-    device.  A sequence is never paired with itself, nor with an identical copy (another
-    user with the same history and target): duplicates are removed from the groups, and
-    a draw lands uniformly on the *other* members of the anchor's group: pick ``r`` in
-    ``[0, size - 1)``; if member ``r`` is the anchor, take the last member instead (when
-    the anchor is the last member, ``r`` never hits it).  ``found`` is False where the
-    group holds no other sequence (the target occurs once, or only with this history).
-
-    Only the dataset given here is indexed; RecBole hands models the training split, so
-    validation and test sequences never serve as positives.  The sequences are kept by
-    reference (no copy on the CPU) and as non-persistent buffers, so they follow the
-    model to its device and stay out of checkpoints.
-    """
-
-    def __init__(self, item_seq: torch.Tensor, item_seq_len: torch.Tensor, targets, n_items):
-        super().__init__()
-        sequences = item_seq.cpu().numpy()
-        target_ids = targets.cpu().numpy().astype(np.int64)
-        keyed = pd.DataFrame(np.concatenate([target_ids[:, None], sequences], axis=1))
-        distinct = np.flatnonzero(~keyed.duplicated(keep="first").to_numpy())
-        rows = distinct[np.argsort(target_ids[distinct], kind="stable")]
-        size = np.bincount(target_ids[rows], minlength=n_items)
-        start = np.concatenate([[0], np.cumsum(size)[:-1]])
-        self.register_buffer("sequences", item_seq, persistent=False)
-        self.register_buffer("lengths", item_seq_len, persistent=False)
-        self.register_buffer("rows", torch.from_numpy(rows), persistent=False)
-        self.register_buffer("group_start", torch.from_numpy(start), persistent=False)
-        self.register_buffer("group_size", torch.from_numpy(size), persistent=False)
-        # Share of training rows that have a supervised positive (reported in the log).
-        self.coverage = float((size[target_ids] > 1).mean()) if len(target_ids) else 0.0
-
-    def extra_repr(self) -> str:
-        return f"distinct_sequences={self.rows.numel()}, coverage={self.coverage:.3f}"
-
-    def forward(self, item_seq: torch.Tensor, targets: torch.Tensor):
-        """Training-row indices of the positives, and whether one was ``found``."""
-        if item_seq.size(-1) != self.sequences.size(-1):
-            raise ValueError(
-                f"sequences of length {item_seq.size(-1)} cannot be matched against the "
-                f"training sequences of length {self.sequences.size(-1)}"
-            )
-        size = self.group_size[targets]
-        start = self.group_start[targets]
-        last_row = self.rows.numel() - 1
-        choices = (size - 1).clamp_min(1)
-        offset = (torch.rand(targets.shape, device=targets.device) * choices).long()
-        first = (start + offset.minimum(choices - 1)).clamp(0, last_row)
-        is_anchor = (self.sequences[self.rows[first]] == item_seq).all(dim=-1)
-        pick = torch.where(is_anchor, start + size - 1, first).clamp(0, last_row)
-        found = (size > 1) | ((size == 1) & ~is_anchor)
-        return self.rows[pick], found
-
-    def positives(self, item_seq, item_seq_len, targets):
-        """Positive sequences and lengths; rows without one get their own sequence back,
-        i.e. only the dropout view (see ``PolyRec.calculate_loss``)."""
-        rows, found = self(item_seq, targets)
-        sequences = torch.where(found[:, None], self.sequences[rows], item_seq)
-        lengths = torch.where(found, self.lengths[rows], item_seq_len)
-        return sequences, lengths, found
 
 
 class PolyRec(TransformerRecommender):
@@ -128,6 +59,9 @@ class PolyRec(TransformerRecommender):
                 features[self.ITEM_ID],
                 self.n_items,
             )
+
+    def auxiliary_losses(self) -> list[str]:
+        return [f"contrastive term (cl_weight={self.cl_weight})"] if self.positive_sampler else []
 
     def calculate_loss(self, interaction):
         item_seq = interaction[self.ITEM_SEQ]

@@ -1,0 +1,126 @@
+"""DuoRec: contrastive learning for the representation degeneration problem in sequential
+recommendation (Qiu et al., WSDM 2022)."""
+
+from __future__ import annotations
+
+from recbole_freq.model.abstract_recommender import TransformerRecommender, config_value
+from recbole_freq.model.contrastive import SIMILARITIES, SameTargetSampler, nt_xent
+from recbole_freq.options import as_number
+
+# contrast: which pairs the NT-Xent sees (the DuoRec authors' ``contrast`` / ``ssl``).
+CONTRASTS = {
+    "us_x": "a dropout view of the sequence against a same-target sequence",
+    "us": "the sequence against a dropout view and against a same-target sequence",
+    "un": "the sequence against a dropout view of itself",
+    "su": "the sequence against a same-target sequence",
+}
+
+
+class DuoRec(TransformerRecommender):
+    r"""DuoRec on the shared Transformer core: SASRec's encoder and softmax cross-entropy
+    over all items, plus contrastive regularisation of the sequence representation.
+
+    - encoder and prediction: SASRec's (token mixer ``self_attention``), the last
+      position's output ``h`` scored by the dot product with every item embedding;
+    - model-level augmentation: encoding the same sequence again with fresh dropout
+      masks gives a second view ``h'`` (the unsupervised positive);
+    - semantic augmentation: another training sequence with the same target item gives
+      ``h_s`` (the supervised positive; ``contrastive.SameTargetSampler``, which, as the
+      authors' code, falls back to the sequence itself when no other has its target);
+    - contrastive regularisation: NT-Xent over the batch (``contrastive.nt_xent``:
+      temperature ``tau``, similarity ``sim``), every other view in the batch a
+      negative.
+
+    ``L = L_rec + lmd * NT-Xent(h, h') + lmd_sem * NT-Xent(h, h_s)`` with ``contrast: us``;
+    ``un`` keeps only the first term, ``su`` only the second, and ``us_x`` (the default
+    of the DuoRec code and of the BSARec authors' baseline) uses
+    ``lmd_sem * NT-Xent(h', h_s)``: the dropout view against the same-target view.
+    ``contrast: ~`` (or zero weights) leaves SASRec.
+    """
+
+    token_mixer = "self_attention"
+    loss_types = ("CE",)  # DuoRec's L_rec is the softmax CE over all items
+
+    def __init__(self, config, dataset):
+        contrast = config["contrast"]  # DuoRec.yaml's us_x unless set; ~ is no contrast
+        if contrast in ("None", "none"):
+            contrast = None
+        if contrast is not None and contrast not in CONTRASTS:
+            raise ValueError(
+                f"contrast={contrast!r} is unknown; choose from {sorted(CONTRASTS)} or ~ (none)"
+            )
+        lmd = _weight(config_value(config, "lmd", 0.1), "lmd")
+        lmd_sem = _weight(config_value(config, "lmd_sem", 0.1), "lmd_sem")
+        tau = config_value(config, "tau", 1.0)
+        if isinstance(tau, bool) or not as_number(tau) > 0:
+            raise ValueError(f"tau={tau!r} must be a number > 0")
+        sim = config_value(config, "sim", "dot")
+        if sim not in SIMILARITIES:
+            raise ValueError(f"sim={sim!r} is unknown; choose from {list(SIMILARITIES)}")
+        super().__init__(config, dataset)
+        self.contrast, self.lmd, self.lmd_sem = contrast, lmd, lmd_sem
+        self.tau, self.sim = as_number(tau), sim
+        self.positive_sampler = None
+        if self.supervised:
+            features = dataset.inter_feat
+            self.positive_sampler = SameTargetSampler(
+                features[self.ITEM_SEQ],
+                features[self.ITEM_SEQ_LEN],
+                features[self.ITEM_ID],
+                self.n_items,
+            )
+
+    @property
+    def unsupervised(self) -> bool:
+        """Whether the sequence meets its dropout view (``lmd``'s term)."""
+        return self.contrast in ("us", "un") and self.lmd > 0
+
+    @property
+    def supervised(self) -> bool:
+        """Whether a same-target view enters (``lmd_sem``'s term)."""
+        return self.contrast in ("us", "su", "us_x") and self.lmd_sem > 0
+
+    def auxiliary_losses(self) -> list[str]:
+        if not (self.unsupervised or self.supervised):
+            return []
+        return [
+            f"contrastive term (contrast={self.contrast}, lmd={self.lmd}, lmd_sem={self.lmd_sem})"
+        ]
+
+    def calculate_loss(self, interaction):
+        if not self.auxiliary_losses():
+            return super().calculate_loss(interaction)
+        item_seq = interaction[self.ITEM_SEQ]
+        item_seq_len = interaction[self.ITEM_SEQ_LEN]
+        seq_output = self.forward(item_seq, item_seq_len)
+        logits = seq_output @ self.item_embedding.weight.t()
+        targets = interaction[self.POS_ITEM_ID]
+        loss = self.pointwise_losses("CE", None, logits=logits, targets=targets).mean()
+        loss = loss + self.regularization_loss()
+
+        def dropout_view():
+            return self.forward(item_seq, item_seq_len)
+
+        def same_target_view():
+            positive_seq, positive_len, _ = self.positive_sampler.positives(
+                item_seq, item_seq_len, targets
+            )
+            return self.forward(positive_seq, positive_len)
+
+        def contrastive(first, second):
+            return nt_xent(first, second, self.tau, self.sim)
+
+        if self.unsupervised:
+            loss = loss + self.lmd * contrastive(seq_output, dropout_view())
+        if self.supervised and self.contrast == "us_x":
+            loss = loss + self.lmd_sem * contrastive(dropout_view(), same_target_view())
+        elif self.supervised:
+            loss = loss + self.lmd_sem * contrastive(seq_output, same_target_view())
+        return loss
+
+
+def _weight(value, name: str) -> float:
+    number = as_number(value)
+    if isinstance(value, bool) or not number >= 0:
+        raise ValueError(f"{name}={value!r} must be a number >= 0 (0 turns its term off)")
+    return number
