@@ -156,9 +156,7 @@ class EncoderProbe:
                 attention = getattr(layer.mixer, "attention", None)  # a filter mixer has none
                 if attention is not None:
                     operator = attention.operator
-                    self.handles.append(
-                        operator.register_forward_pre_hook(self._core_attn(index))
-                    )
+                    self.handles.append(operator.register_forward_pre_hook(self._core_attn(index)))
             else:
                 softmax = layer.multi_head_attention.softmax
                 self.handles.append(softmax.register_forward_hook(self._recbole_attn(index)))

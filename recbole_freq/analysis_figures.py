@@ -165,5 +165,3 @@ def write_figures(results: list[dict], out: Path) -> list[str]:
         _save_figure(figure, out / "polyrec_orders.png")
         written.append("polyrec_orders.png")
     return written
-
-

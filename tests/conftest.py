@@ -134,6 +134,9 @@ def recbole_state(model, reference):
     for name, module in pairs.items():
         for kind, parameter in module.named_parameters():
             shared[f"{name}.{kind}"] = (parameter, slice(None))
+    # ours may hold input-only tokens after the catalogue (CL4SRec's [mask])
+    catalogue = reference.item_embedding.weight.size(0)
+    shared["item_embedding.weight"] = (shared["item_embedding.weight"][0], slice(0, catalogue))
     state = {name: parameter.detach()[rows].clone() for name, (parameter, rows) in shared.items()}
     reference.load_state_dict(state, strict=True)
     return shared

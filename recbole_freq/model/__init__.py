@@ -4,6 +4,7 @@ the ones that are the papers' baselines (reimplemented here because RecBole lack
 from recbole_freq.model.sequential_recommender import (
     BERT4RecDenoiser,
     BSARec,
+    CL4SRec,
     DuoRec,
     FBSARec,
     FMLPRec,
@@ -13,15 +14,16 @@ from recbole_freq.model.sequential_recommender import (
 
 MODELS = {
     model.__name__: model
-    for model in (BSARec, FBSARec, FMLPRec, DuoRec, PolyRec, RecDenoiser, BERT4RecDenoiser)
+    for model in (BSARec, FBSARec, FMLPRec, DuoRec, CL4SRec, PolyRec, RecDenoiser, BERT4RecDenoiser)
 }
 # Comparisons count these with RecBole's built-ins as baselines (the Improv. row).
-BASELINES = frozenset({"FMLPRec", "DuoRec"})
+BASELINES = frozenset({"FMLPRec", "DuoRec", "CL4SRec"})
 
 __all__ = [
     "BASELINES",
     "MODELS",
     "BSARec",
+    "CL4SRec",
     "DuoRec",
     "FBSARec",
     "FMLPRec",

@@ -133,6 +133,12 @@ class TransformerRecommender(SequentialRecommender):
     def item_embedding(self) -> nn.Embedding:
         return self.embedding.item_embedding
 
+    @property
+    def item_scores_weight(self) -> torch.Tensor:
+        """The embeddings items are scored with: the catalogue's, without the extra
+        tokens (a ``[mask]``) that only inputs use."""
+        return self.item_embedding.weight[: self.n_items]
+
     def encode(self, item_seq: torch.Tensor, output_all_layers: bool = False):
         """Hidden states of every position, last layer (or all layers)."""
         mask = build_attention_mask(item_seq, self.bidirectional)
@@ -165,7 +171,7 @@ class TransformerRecommender(SequentialRecommender):
         seq_output = self.gather_indexes(outputs[-1], interaction[self.ITEM_SEQ_LEN] - 1)
         pos_items = interaction[self.POS_ITEM_ID]
         if self.loss_type == "CE":
-            logits = seq_output @ self.item_embedding.weight.t()
+            logits = seq_output @ self.item_scores_weight.t()
             losses = self.pointwise_losses("CE", None, logits=logits, targets=pos_items)
         else:
             pos_score = (seq_output * self.item_embedding(pos_items)).sum(-1)
@@ -210,7 +216,7 @@ class TransformerRecommender(SequentialRecommender):
 
     def full_sort_predict(self, interaction):
         seq_output = self.forward(interaction[self.ITEM_SEQ], interaction[self.ITEM_SEQ_LEN])
-        return seq_output @ self.item_embedding.weight.t()
+        return seq_output @ self.item_scores_weight.t()
 
     # --- inspection -----------------------------------------------------------------
 

@@ -107,3 +107,76 @@ class SameTargetSampler(nn.Module):
         sequences = torch.where(found[:, None], self.sequences[rows], item_seq)
         lengths = torch.where(found, self.lengths[rows], item_seq_len)
         return sequences, lengths, found
+
+
+# --- CL4SRec's augmentation operators (Xie et al., ICDE 2022) ---------------
+#
+# Sequences are RecBole's: items left-aligned, padding (0) after ``length`` items.  Each
+# operator works on a whole batch with torch's global generator, so a seeded run
+# augments the same way every time.
+
+
+def _uniform_int(high: torch.Tensor) -> torch.Tensor:
+    """One uniform integer in ``[0, high]`` per entry."""
+    return (torch.rand(high.shape, device=high.device) * (high + 1)).long().minimum(high)
+
+
+def item_crop(item_seq, lengths, eta: float):
+    """Item crop: a random contiguous sub-sequence of ``max(1, floor(eta * n))`` items,
+    moved to the front.  (The DuoRec code's CL4SRec keeps ``floor(eta * n)``, which is 0
+    for short sequences and leaves no item to encode; one item is kept instead.)"""
+    keep = (lengths.double() * eta).floor().long().clamp(1, None).minimum(lengths)
+    begin = _uniform_int(lengths - keep)
+    positions = torch.arange(item_seq.size(1), device=item_seq.device)
+    source = (begin[:, None] + positions).clamp(max=item_seq.size(1) - 1)
+    cropped = item_seq.gather(1, source)
+    return cropped.masked_fill(positions >= keep[:, None], 0), keep
+
+
+def item_mask(item_seq, lengths, gamma: float, mask_token: int):
+    """Item mask: ``floor(gamma * n)`` of the n items, drawn without replacement, replaced
+    by the ``[mask]`` token."""
+    count = (lengths.double() * gamma).floor().long()
+    positions = torch.arange(item_seq.size(1), device=item_seq.device)
+    real = positions < lengths[:, None]
+    keys = torch.rand(item_seq.shape, device=item_seq.device).masked_fill(~real, 2.0)
+    rank = keys.argsort(dim=1).argsort(dim=1)
+    return item_seq.masked_fill(rank < count[:, None], mask_token), lengths
+
+
+def item_reorder(item_seq, lengths, beta: float):
+    """Item reorder: the items of a random contiguous window of ``floor(beta * n)`` items are
+    shuffled; the rest stay in place."""
+    count = (lengths.double() * beta).floor().long()
+    begin = _uniform_int(lengths - count)
+    positions = torch.arange(item_seq.size(1), device=item_seq.device)
+    inside = (positions >= begin[:, None]) & (positions < (begin + count)[:, None])
+    window_keys = begin[:, None] + torch.rand(item_seq.shape, device=item_seq.device) * count[
+        :, None
+    ].clamp(min=1)
+    keys = torch.where(inside, window_keys, positions.to(window_keys.dtype).expand_as(window_keys))
+    return item_seq.gather(1, keys.argsort(dim=1)), lengths
+
+
+def two_augmented_views(item_seq, lengths, eta: float, gamma: float, beta: float, mask_token: int):
+    """Two views per sequence, made by two different operators drawn uniformly from
+    crop / mask / reorder (as the DuoRec code's CL4SRec draws them); a sequence of one
+    item is its own view twice.  Returns ``((seq_1, len_1), (seq_2, len_2), operators)``
+    with ``operators`` the ``(batch, 2)`` choices (0 crop, 1 mask, 2 reorder, -1 none)."""
+    batch = item_seq.size(0)
+    first = torch.randint(0, 3, (batch,), device=item_seq.device)
+    second = (first + torch.randint(1, 3, (batch,), device=item_seq.device)) % 3
+    operators = torch.stack([first, second], dim=1).masked_fill((lengths <= 1)[:, None], -1)
+    candidates = [
+        item_crop(item_seq, lengths, eta),
+        item_mask(item_seq, lengths, gamma, mask_token),
+        item_reorder(item_seq, lengths, beta),
+    ]
+    views = []
+    for column in range(2):
+        chosen_seq, chosen_len = item_seq.clone(), lengths.clone()
+        for index, (sequence, length) in enumerate(candidates):
+            rows = operators[:, column] == index
+            chosen_seq[rows], chosen_len[rows] = sequence[rows], length[rows]
+        views.append((chosen_seq, chosen_len))
+    return views[0], views[1], operators

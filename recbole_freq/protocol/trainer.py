@@ -223,7 +223,7 @@ def _bce_way_out(config) -> str:
 def check_plain_objective(model, config) -> None:
     """The binary cross-entropy is computed here, not by the model: a model whose
     training objective adds more (Rec-Denoiser's masks and Jacobian term, the
-    contrastive terms of PolyRec, DuoRec and FEARec) would silently lose it, so it is
+    contrastive terms of PolyRec, DuoRec, CL4SRec and FEARec) would silently lose it, so it is
     refused."""
     objective = getattr(model, "objective", None)
     if objective is not None and type(objective).__name__ != "PlainObjective":
@@ -262,7 +262,8 @@ def auxiliary_terms(model, config) -> list[str]:
 
 
 def item_embedding_weight(model) -> torch.Tensor:
-    return model.item_embedding.weight
+    weight = getattr(model, "item_scores_weight", None)  # without input-only tokens
+    return weight if isinstance(weight, torch.Tensor) else model.item_embedding.weight
 
 
 def row_negatives(item_seq, targets, n_items: int) -> torch.Tensor:

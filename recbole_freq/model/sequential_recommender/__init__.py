@@ -1,9 +1,19 @@
 from recbole_freq.model.sequential_recommender.bert4rec_denoiser import BERT4RecDenoiser
 from recbole_freq.model.sequential_recommender.bsarec import BSARec
+from recbole_freq.model.sequential_recommender.cl4srec import CL4SRec
 from recbole_freq.model.sequential_recommender.duorec import DuoRec
 from recbole_freq.model.sequential_recommender.fbsarec import FBSARec
 from recbole_freq.model.sequential_recommender.fmlprec import FMLPRec
 from recbole_freq.model.sequential_recommender.polyrec import PolyRec
 from recbole_freq.model.sequential_recommender.recdenoiser import RecDenoiser
 
-__all__ = ["BSARec", "DuoRec", "FBSARec", "FMLPRec", "PolyRec", "RecDenoiser", "BERT4RecDenoiser"]
+__all__ = [
+    "BSARec",
+    "CL4SRec",
+    "DuoRec",
+    "FBSARec",
+    "FMLPRec",
+    "PolyRec",
+    "RecDenoiser",
+    "BERT4RecDenoiser",
+]

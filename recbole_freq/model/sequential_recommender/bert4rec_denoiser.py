@@ -76,10 +76,6 @@ class BERT4RecDenoiser(DenoisingRecommender):
         item_seq = self.reconstruct_test_data(item_seq, item_seq_len)
         return self.gather_indexes(self.head(self.encode(item_seq)), item_seq_len - 1)
 
-    @property
-    def item_scores_weight(self) -> torch.Tensor:
-        return self.item_embedding.weight[: self.n_items]  # without the mask token
-
     def predict(self, interaction):
         seq_output = self.forward(interaction[self.ITEM_SEQ], interaction[self.ITEM_SEQ_LEN])
         items = interaction[self.ITEM_ID]

@@ -93,7 +93,7 @@ class DuoRec(TransformerRecommender):
         item_seq = interaction[self.ITEM_SEQ]
         item_seq_len = interaction[self.ITEM_SEQ_LEN]
         seq_output = self.forward(item_seq, item_seq_len)
-        logits = seq_output @ self.item_embedding.weight.t()
+        logits = seq_output @ self.item_scores_weight.t()
         targets = interaction[self.POS_ITEM_ID]
         loss = self.pointwise_losses("CE", None, logits=logits, targets=targets).mean()
         loss = loss + self.regularization_loss()

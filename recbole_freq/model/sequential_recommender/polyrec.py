@@ -91,7 +91,7 @@ class PolyRec(TransformerRecommender):
             pos_score = (seq_output * self.item_embedding(pos_items)).sum(-1)
             neg_score = (seq_output * self.item_embedding(neg_items)).sum(-1)
             return self.pointwise_losses("BPR", pos_score, neg_score).mean()
-        logits = seq_output @ self.item_embedding.weight.t()
+        logits = seq_output @ self.item_scores_weight.t()
         return self.pointwise_losses("CE", None, logits=logits, targets=pos_items).mean()
 
     def contrastive_loss(self, anchor, positive, targets):

@@ -1,0 +1,87 @@
+"""CL4SRec: contrastive learning for sequential recommendation (Xie et al., ICDE 2022)."""
+
+from __future__ import annotations
+
+from recbole_freq.model.abstract_recommender import TransformerRecommender, config_value
+from recbole_freq.model.contrastive import SIMILARITIES, nt_xent, two_augmented_views
+from recbole_freq.options import as_number
+
+
+class CL4SRec(TransformerRecommender):
+    r"""CL4SRec on the shared Transformer core: SASRec's encoder and softmax
+    cross-entropy over all items, plus a contrastive term between two augmented views
+    of every training sequence (the paper's section on its framework).
+
+    - augmentation operators: item crop (ratio eta, ``crop_eta``), item mask (gamma,
+      ``mask_gamma``, with a ``[mask]`` token after the catalogue) and item reorder
+      (beta, ``reorder_beta``); each sequence gets two views by two different operators
+      drawn uniformly (``contrastive.two_augmented_views``);
+    - encoder: the shared self-attention core; a view's representation is its last
+      position's output;
+    - contrastive loss: NT-Xent over the 2N views of a batch, the other 2N - 2 views
+      negatives (``contrastive.nt_xent``, temperature ``tau``, similarity ``sim``);
+    - multi-task loss ``L = L_main + lmd * L_cl``; ``lmd: 0`` leaves SASRec.
+
+    Defaults (``properties/model/CL4SRec.yaml``): those of the CL4SRec baseline in the
+    DuoRec authors' code (RuihongQiu/DuoRec): eta 0.6, gamma 0.3, beta 0.6, lmd 0.1,
+    tau 1, dot product.
+    """
+
+    token_mixer = "self_attention"
+    loss_types = ("CE",)  # L_main is the softmax CE over all items
+    extra_item_tokens = 1  # [mask], id n_items: an input of item_mask, never scored
+
+    def __init__(self, config, dataset):
+        ratios = {
+            name: _ratio(config_value(config, name, default), name)
+            for name, default in (("crop_eta", 0.6), ("mask_gamma", 0.3), ("reorder_beta", 0.6))
+        }
+        lmd = config_value(config, "lmd", 0.1)
+        if isinstance(lmd, bool) or not as_number(lmd) >= 0:
+            raise ValueError(f"lmd={lmd!r} must be a number >= 0 (0 turns contrast off)")
+        tau = config_value(config, "tau", 1.0)
+        if isinstance(tau, bool) or not as_number(tau) > 0:
+            raise ValueError(f"tau={tau!r} must be a number > 0")
+        sim = config_value(config, "sim", "dot")
+        if sim not in SIMILARITIES:
+            raise ValueError(f"sim={sim!r} is unknown; choose from {list(SIMILARITIES)}")
+        super().__init__(config, dataset)
+        self.ratios = ratios
+        self.lmd, self.tau, self.sim = as_number(lmd), as_number(tau), sim
+        self.mask_token = self.n_items
+
+    def auxiliary_losses(self) -> list[str]:
+        return [f"contrastive term (lmd={self.lmd})"] if self.lmd > 0 else []
+
+    def augmented_views(self, item_seq, item_seq_len):
+        """The two augmented views of each sequence (and the operators drawn)."""
+        return two_augmented_views(
+            item_seq,
+            item_seq_len,
+            self.ratios["crop_eta"],
+            self.ratios["mask_gamma"],
+            self.ratios["reorder_beta"],
+            self.mask_token,
+        )
+
+    def calculate_loss(self, interaction):
+        if self.lmd == 0:
+            return super().calculate_loss(interaction)
+        item_seq = interaction[self.ITEM_SEQ]
+        item_seq_len = interaction[self.ITEM_SEQ_LEN]
+        seq_output = self.forward(item_seq, item_seq_len)
+        logits = seq_output @ self.item_scores_weight.t()
+        targets = interaction[self.POS_ITEM_ID]
+        loss = self.pointwise_losses("CE", None, logits=logits, targets=targets).mean()
+        (first, first_len), (second, second_len), _ = self.augmented_views(item_seq, item_seq_len)
+        contrast = nt_xent(
+            self.forward(first, first_len), self.forward(second, second_len), self.tau, self.sim
+        )
+        return loss + self.regularization_loss() + self.lmd * contrast
+
+
+def _ratio(value, name: str) -> float:
+    number = as_number(value)
+    if isinstance(value, bool) or not 0 < number <= 1:
+        raise ValueError(f"{name}={value!r} must be a proportion in (0, 1]")
+    return number
