@@ -6,6 +6,8 @@ targets are ratios to RecBole's SASRec, never absolute times.
 
     python benchmarks/bench_speed.py                       # lastfm if prepared, else ml-100k
     python benchmarks/bench_speed.py --dataset lastfm --models SASRec,BSARec,FBSARec
+    python benchmarks/bench_speed.py --dataset lastfm --name speed-baselines \
+        --models SASRec,FMLPRec,DuoRec,CL4SRec,FEARec --steps 8 --rounds 3
 
 Peak memory: on CUDA ``max_memory_allocated``; on the CPU each model trains in a child
 process whose resident-set high-water mark is reset (``/proc/self/clear_refs``) after
@@ -177,6 +179,9 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=23, help="timed steps per round (+3 warm-up)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument(
+        "--name", default="speed", help="results are <out>/<name>-<dataset>-<device>.{md,json}"
+    )
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     dataset = args.dataset or default_dataset(args.data_path)
@@ -223,7 +228,7 @@ def main(argv=None):
     print(report)
     write_results(
         args.out,
-        f"speed-{dataset}-{torch.device(device).type}",
+        f"{args.name}-{dataset}-{torch.device(device).type}",
         report,
         {
             "header": header,
