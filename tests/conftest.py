@@ -140,3 +140,33 @@ def recbole_state(model, reference):
     state = {name: parameter.detach()[rows].clone() for name, (parameter, rows) in shared.items()}
     reference.load_state_dict(state, strict=True)
     return shared
+
+
+def assert_same_as_recbole(model, reference, config, train, test):
+    """``model`` with ``reference``'s weights loaded from it (``recbole_state``) gives the
+    same full-sort scores, RecBole metrics, training loss and gradients; returns the
+    shared parameters (their gradients are set) for further checks."""
+    import pytest
+    import torch
+    from recbole.trainer import Trainer
+
+    shared = recbole_state(model, reference)
+    model.eval(), reference.eval()
+    batch = first_batch(test)
+    torch.testing.assert_close(
+        model.full_sort_predict(batch), reference.full_sort_predict(batch), atol=1e-5, rtol=1e-5
+    )
+    assert dict(Trainer(config, model).evaluate(test, load_best_model=False)) == dict(
+        Trainer(config, reference).evaluate(test, load_best_model=False)
+    )
+    model.train(), reference.train()
+    batch = first_batch(train)
+    ours, theirs = model.calculate_loss(batch), reference.calculate_loss(batch)
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-5)
+    ours.backward(), theirs.backward()
+    reference_parameters = dict(reference.named_parameters())
+    for name, (parameter, rows) in shared.items():
+        torch.testing.assert_close(
+            parameter.grad[rows], reference_parameters[name].grad, atol=1e-6, rtol=1e-4
+        )
+    return shared

@@ -9,9 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from recbole.model.sequential_recommender import SASRec
-from recbole.trainer import Trainer
 
-from conftest import first_batch, prepare, recbole_state
+from conftest import assert_same_as_recbole, first_batch, prepare
 from recbole_freq.cli import main
 from recbole_freq.model import BASELINES, CL4SRec
 from recbole_freq.model.contrastive import (
@@ -100,26 +99,7 @@ def test_lmd_zero_is_recboles_sasrec(small_config):
     config, train, _, test = prepare("CL4SRec", dict(small_config, lmd=0, **NO_DROPOUT))
     model = CL4SRec(config, train._dataset)
     assert model.auxiliary_losses() == []
-    reference = SASRec(config, train._dataset)
-    shared = recbole_state(model, reference)
-    model.eval(), reference.eval()
-    batch = first_batch(test)
-    torch.testing.assert_close(
-        model.full_sort_predict(batch), reference.full_sort_predict(batch), atol=1e-5, rtol=1e-5
-    )
-    assert dict(Trainer(config, model).evaluate(test, load_best_model=False)) == dict(
-        Trainer(config, reference).evaluate(test, load_best_model=False)
-    )
-    model.train(), reference.train()
-    batch = first_batch(train)
-    ours, theirs = model.calculate_loss(batch), reference.calculate_loss(batch)
-    assert ours.item() == pytest.approx(theirs.item(), rel=1e-5)
-    ours.backward(), theirs.backward()
-    reference_parameters = dict(reference.named_parameters())
-    for name, (parameter, rows) in shared.items():
-        torch.testing.assert_close(
-            parameter.grad[rows], reference_parameters[name].grad, atol=1e-6, rtol=1e-4
-        )
+    assert_same_as_recbole(model, SASRec(config, train._dataset), config, train, test)
 
 
 def test_the_loss_is_ce_plus_lmd_times_nt_xent_of_the_two_views(small_config):

@@ -6,9 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from recbole.model.sequential_recommender import SASRec
-from recbole.trainer import Trainer
 
-from conftest import first_batch, prepare, recbole_state
+from conftest import assert_same_as_recbole, first_batch, prepare
 from recbole_freq.cli import main
 from recbole_freq.model import BASELINES, DuoRec
 from recbole_freq.model.contrastive import nt_xent
@@ -60,26 +59,7 @@ def test_without_contrast_duorec_is_recboles_sasrec(small_config):
     config, train, _, test = prepare("DuoRec", dict(small_config, contrast=None, **NO_DROPOUT))
     model = DuoRec(config, train._dataset)
     assert model.auxiliary_losses() == [] and model.positive_sampler is None
-    reference = SASRec(config, train._dataset)
-    shared = recbole_state(model, reference)
-    model.eval(), reference.eval()
-    batch = first_batch(test)
-    torch.testing.assert_close(
-        model.full_sort_predict(batch), reference.full_sort_predict(batch), atol=1e-5, rtol=1e-5
-    )
-    assert dict(Trainer(config, model).evaluate(test, load_best_model=False)) == dict(
-        Trainer(config, reference).evaluate(test, load_best_model=False)
-    )
-    model.train(), reference.train()
-    batch = first_batch(train)
-    ours, theirs = model.calculate_loss(batch), reference.calculate_loss(batch)
-    assert ours.item() == pytest.approx(theirs.item(), rel=1e-5)
-    ours.backward(), theirs.backward()
-    reference_parameters = dict(reference.named_parameters())
-    for name, (parameter, rows) in shared.items():
-        torch.testing.assert_close(
-            parameter.grad[rows], reference_parameters[name].grad, atol=1e-6, rtol=1e-4
-        )
+    assert_same_as_recbole(model, SASRec(config, train._dataset), config, train, test)
 
 
 def loss_terms(model, batch, seed):

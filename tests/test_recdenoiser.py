@@ -10,7 +10,7 @@ import torch
 from recbole.model.sequential_recommender import BERT4Rec, SASRec
 from recbole.trainer import Trainer
 
-from conftest import first_batch, prepare, recbole_state
+from conftest import assert_same_as_recbole, first_batch, prepare
 from recbole_freq.model import BERT4RecDenoiser, RecDenoiser
 from recbole_freq.model.denoising import (
     DenoisingMaskAttention,
@@ -325,25 +325,7 @@ def test_all_ones_masks_without_regularisers_is_recbole_backbone(small_config, o
         with torch.no_grad():
             operator.phi.fill_(30.0)  # sigmoid(Phi) = 1: Z = 1 in training and inference
     reference = recbole_model(config, train._dataset)
-    shared = recbole_state(model, reference)
-
-    model.eval(), reference.eval()
-    batch = first_batch(test)
-    torch.testing.assert_close(
-        model.full_sort_predict(batch), reference.full_sort_predict(batch), atol=1e-5, rtol=1e-5
-    )
-    assert dict(Trainer(config, model).evaluate(test, load_best_model=False)) == dict(
-        Trainer(config, reference).evaluate(test, load_best_model=False)
-    )
-
-    model.train(), reference.train()
-    batch = first_batch(train)
-    ours_loss, their_loss = model.calculate_loss(batch), reference.calculate_loss(batch)
-    assert ours_loss.item() == pytest.approx(their_loss.item(), rel=1e-5)
-    ours_loss.backward(), their_loss.backward()
-    theirs = dict(reference.named_parameters())
-    for name, (parameter, rows) in shared.items():
-        torch.testing.assert_close(parameter.grad[rows], theirs[name].grad, atol=1e-6, rtol=1e-4)
+    assert_same_as_recbole(model, reference, config, train, test)
     for operator in operators(model):  # ARM: both antithetic passes equal, no mask gradient
         assert operator.phi.grad.abs().sum() == 0
 

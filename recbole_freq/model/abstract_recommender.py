@@ -160,6 +160,16 @@ class TransformerRecommender(SequentialRecommender):
         """
         return self.objective(self.encoder, lambda: self.training_pass(interaction))
 
+    def last_position_loss(self, interaction):
+        """``(seq_output, loss)``: the training rows' last-position outputs and their mean
+        softmax CE over the catalogue (eq. 11) plus the components' regularisers; the
+        recommendation part of the models that add contrastive terms."""
+        seq_output = self.forward(interaction[self.ITEM_SEQ], interaction[self.ITEM_SEQ_LEN])
+        logits = seq_output @ self.item_scores_weight.t()
+        targets = interaction[self.POS_ITEM_ID]
+        losses = self.pointwise_losses("CE", None, logits=logits, targets=targets)
+        return seq_output, losses.mean() + self.regularization_loss()
+
     def training_pass(self, interaction) -> DenoisingPass:
         """One forward pass: the loss of each training sequence (summing to the batch
         mean) and, for the Jacobian regulariser, every block's input and output."""

@@ -10,7 +10,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recbole_freq.options import as_number
+
 SIMILARITIES = ("dot", "cos")
+
+
+def contrast_settings(tau, sim) -> tuple[float, str]:
+    """``(temperature, similarity)`` of an NT-Xent from the ``tau`` and ``sim`` settings,
+    or a ValueError naming the bad one."""
+    if isinstance(tau, bool) or not as_number(tau) > 0:
+        raise ValueError(f"tau={tau!r} must be a number > 0")
+    if sim not in SIMILARITIES:
+        raise ValueError(f"sim={sim!r} is unknown; choose from {list(SIMILARITIES)}")
+    return as_number(tau), sim
 
 
 def nt_xent(
@@ -78,6 +90,17 @@ class SameTargetSampler(nn.Module):
         self.register_buffer("group_size", torch.from_numpy(size), persistent=False)
         # Share of training rows that have a supervised positive (reported in the log).
         self.coverage = float((size[target_ids] > 1).mean()) if len(target_ids) else 0.0
+
+    @classmethod
+    def for_model(cls, model, dataset) -> SameTargetSampler:
+        """The sampler over the training rows of ``dataset`` for a sequential ``model``."""
+        features = dataset.inter_feat
+        return cls(
+            features[model.ITEM_SEQ],
+            features[model.ITEM_SEQ_LEN],
+            features[model.ITEM_ID],
+            model.n_items,
+        )
 
     def extra_repr(self) -> str:
         return f"distinct_sequences={self.rows.numel()}, coverage={self.coverage:.3f}"

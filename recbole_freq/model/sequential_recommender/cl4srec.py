@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from recbole_freq.model.abstract_recommender import TransformerRecommender, config_value
-from recbole_freq.model.contrastive import SIMILARITIES, nt_xent, two_augmented_views
+from recbole_freq.model.contrastive import contrast_settings, nt_xent, two_augmented_views
 from recbole_freq.options import as_number
 
 
@@ -39,15 +39,12 @@ class CL4SRec(TransformerRecommender):
         lmd = config_value(config, "lmd", 0.1)
         if isinstance(lmd, bool) or not as_number(lmd) >= 0:
             raise ValueError(f"lmd={lmd!r} must be a number >= 0 (0 turns contrast off)")
-        tau = config_value(config, "tau", 1.0)
-        if isinstance(tau, bool) or not as_number(tau) > 0:
-            raise ValueError(f"tau={tau!r} must be a number > 0")
-        sim = config_value(config, "sim", "dot")
-        if sim not in SIMILARITIES:
-            raise ValueError(f"sim={sim!r} is unknown; choose from {list(SIMILARITIES)}")
+        tau, sim = contrast_settings(
+            config_value(config, "tau", 1.0), config_value(config, "sim", "dot")
+        )
         super().__init__(config, dataset)
         self.ratios = ratios
-        self.lmd, self.tau, self.sim = as_number(lmd), as_number(tau), sim
+        self.lmd, self.tau, self.sim = as_number(lmd), tau, sim
         self.mask_token = self.n_items
 
     def auxiliary_losses(self) -> list[str]:
@@ -67,17 +64,13 @@ class CL4SRec(TransformerRecommender):
     def calculate_loss(self, interaction):
         if self.lmd == 0:
             return super().calculate_loss(interaction)
-        item_seq = interaction[self.ITEM_SEQ]
-        item_seq_len = interaction[self.ITEM_SEQ_LEN]
-        seq_output = self.forward(item_seq, item_seq_len)
-        logits = seq_output @ self.item_scores_weight.t()
-        targets = interaction[self.POS_ITEM_ID]
-        loss = self.pointwise_losses("CE", None, logits=logits, targets=targets).mean()
-        (first, first_len), (second, second_len), _ = self.augmented_views(item_seq, item_seq_len)
+        _, loss = self.last_position_loss(interaction)
+        views = self.augmented_views(interaction[self.ITEM_SEQ], interaction[self.ITEM_SEQ_LEN])
+        (first, first_len), (second, second_len), _ = views
         contrast = nt_xent(
             self.forward(first, first_len), self.forward(second, second_len), self.tau, self.sim
         )
-        return loss + self.regularization_loss() + self.lmd * contrast
+        return loss + self.lmd * contrast
 
 
 def _ratio(value, name: str) -> float:

@@ -4,7 +4,7 @@ recommendation (Qiu et al., WSDM 2022)."""
 from __future__ import annotations
 
 from recbole_freq.model.abstract_recommender import TransformerRecommender, config_value
-from recbole_freq.model.contrastive import SIMILARITIES, SameTargetSampler, nt_xent
+from recbole_freq.model.contrastive import SameTargetSampler, contrast_settings, nt_xent
 from recbole_freq.options import as_number
 
 # contrast: which pairs the NT-Xent sees (the DuoRec authors' ``contrast`` / ``ssl``).
@@ -51,24 +51,15 @@ class DuoRec(TransformerRecommender):
             )
         lmd = _weight(config_value(config, "lmd", 0.1), "lmd")
         lmd_sem = _weight(config_value(config, "lmd_sem", 0.1), "lmd_sem")
-        tau = config_value(config, "tau", 1.0)
-        if isinstance(tau, bool) or not as_number(tau) > 0:
-            raise ValueError(f"tau={tau!r} must be a number > 0")
-        sim = config_value(config, "sim", "dot")
-        if sim not in SIMILARITIES:
-            raise ValueError(f"sim={sim!r} is unknown; choose from {list(SIMILARITIES)}")
+        tau, sim = contrast_settings(
+            config_value(config, "tau", 1.0), config_value(config, "sim", "dot")
+        )
         super().__init__(config, dataset)
         self.contrast, self.lmd, self.lmd_sem = contrast, lmd, lmd_sem
-        self.tau, self.sim = as_number(tau), sim
+        self.tau, self.sim = tau, sim
         self.positive_sampler = None
         if self.supervised:
-            features = dataset.inter_feat
-            self.positive_sampler = SameTargetSampler(
-                features[self.ITEM_SEQ],
-                features[self.ITEM_SEQ_LEN],
-                features[self.ITEM_ID],
-                self.n_items,
-            )
+            self.positive_sampler = SameTargetSampler.for_model(self, dataset)
 
     @property
     def unsupervised(self) -> bool:
@@ -92,11 +83,8 @@ class DuoRec(TransformerRecommender):
             return super().calculate_loss(interaction)
         item_seq = interaction[self.ITEM_SEQ]
         item_seq_len = interaction[self.ITEM_SEQ_LEN]
-        seq_output = self.forward(item_seq, item_seq_len)
-        logits = seq_output @ self.item_scores_weight.t()
         targets = interaction[self.POS_ITEM_ID]
-        loss = self.pointwise_losses("CE", None, logits=logits, targets=targets).mean()
-        loss = loss + self.regularization_loss()
+        seq_output, loss = self.last_position_loss(interaction)
 
         def dropout_view():
             return self.forward(item_seq, item_seq_len)

@@ -52,13 +52,7 @@ class PolyRec(TransformerRecommender):
         self.cl_weight, self.cl_temperature = cl_weight, cl_temperature
         self.positive_sampler = None
         if self.cl_weight > 0:
-            features = dataset.inter_feat
-            self.positive_sampler = SameTargetSampler(
-                features[self.ITEM_SEQ],
-                features[self.ITEM_SEQ_LEN],
-                features[self.ITEM_ID],
-                self.n_items,
-            )
+            self.positive_sampler = SameTargetSampler.for_model(self, dataset)
 
     def auxiliary_losses(self) -> list[str]:
         return [f"contrastive term (cl_weight={self.cl_weight})"] if self.positive_sampler else []
