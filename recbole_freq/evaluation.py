@@ -40,6 +40,10 @@ class SampledScorer:
         key = interaction[model.ITEM_SEQ]
         if model.USER_ID in interaction:  # models with user embeddings (Caser, HGN, ...)
             key = torch.cat([interaction[model.USER_ID][:, None], key], dim=1)
+        hook = getattr(model, "sequence_inputs", None)
+        extra = list(hook(interaction).values()) if callable(hook) else []
+        if extra:  # e.g. TiSASRec's timestamps: same items at other times score otherwise
+            key = torch.cat([key.double()] + [v.view(key.size(0), -1).double() for v in extra], 1)
         distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
         rows = key.size(0)
         if distinct.size(0) == rows:

@@ -158,7 +158,9 @@ def _history_rows(split_datasets, context: str):
 
 
 def user_inputs(model, split_datasets, uids: np.ndarray, context: str):
-    """``(item_seq, item_seq_len)`` the model reads for each user of ``uids``.
+    """``(item_seq, item_seq_len, extra)`` the model reads for each user of ``uids``;
+    ``extra`` holds the other list fields its encoder reads (TiSASRec's timestamps), by
+    list-field name.
 
     Rows are taken from the splits in time order (train, valid, test): the last row of
     a user is their latest prefix and target.  ``next`` appends that target to the prefix
@@ -185,24 +187,33 @@ def user_inputs(model, split_datasets, uids: np.ndarray, context: str):
             f"{len(missing)} user(s) have no {context!r} sequence to read (too few "
             f"interactions for the split): {', '.join(map(str, tokens))}"
         )
-    item_seq = torch.zeros(len(uids), max_len, dtype=torch.long)
+    fields = {model.ITEM_SEQ: model.ITEM_ID}  # list field -> field of the target
+    if getattr(model, "TIME_SEQ", None):
+        fields[model.TIME_SEQ] = split_datasets[0].time_field
+    sequences = {}
     item_seq_len = torch.zeros(len(uids), dtype=torch.long)
     for index, split in enumerate(chosen):
         if split is None:
             continue
         where = np.flatnonzero(source[uids] == index)
         rows = torch.from_numpy(row[uids[where]])
-        prefix = split.inter_feat[model.ITEM_SEQ][rows]
         lengths = split.inter_feat[model.ITEM_SEQ_LEN][rows]
+        full = lengths >= max_len
+        for list_field, target_field in fields.items():
+            prefix = split.inter_feat[list_field][rows]
+            if context == "next":
+                prefix = torch.where(full[:, None], prefix.roll(-1, dims=1), prefix)
+                prefix[torch.arange(len(rows)), torch.where(full, lengths, lengths + 1) - 1] = (
+                    split.inter_feat[target_field][rows].to(prefix.dtype)
+                )
+            if list_field not in sequences:
+                sequences[list_field] = prefix.new_zeros((len(uids), max_len))
+            sequences[list_field][torch.from_numpy(where)] = prefix
         if context == "next":
-            target = split.inter_feat[model.ITEM_ID][rows]
-            full = lengths >= max_len
-            prefix = torch.where(full[:, None], prefix.roll(-1, dims=1), prefix)
             lengths = torch.where(full, lengths, lengths + 1)
-            prefix[torch.arange(len(rows)), lengths - 1] = target
-        where = torch.from_numpy(where)
-        item_seq[where], item_seq_len[where] = prefix, lengths
-    return item_seq, item_seq_len
+        item_seq_len[torch.from_numpy(where)] = lengths
+    item_seq = sequences.pop(model.ITEM_SEQ, torch.zeros(len(uids), max_len, dtype=torch.long))
+    return item_seq, item_seq_len, sequences
 
 
 def user_history(split_datasets, uids: np.ndarray, context: str, iid_field, list_field):
@@ -252,7 +263,7 @@ def recommend(
     dataset = split_datasets[0]
     n_items = dataset.item_num
     k = min(k, n_items)
-    item_seq, item_seq_len = user_inputs(model, split_datasets, uids, context)
+    item_seq, item_seq_len, extra = user_inputs(model, split_datasets, uids, context)
     if exclude_history:
         hist_pos, hist_item = user_history(
             split_datasets, uids, context, model.ITEM_ID, model.ITEM_SEQ
@@ -273,6 +284,7 @@ def recommend(
                 dataset.uid_field: torch.from_numpy(uids[start:stop]),
                 model.ITEM_SEQ: item_seq[start:stop],
                 model.ITEM_SEQ_LEN: item_seq_len[start:stop],
+                **{field: values[start:stop] for field, values in extra.items()},
             }
         ).to(device)
         scores = model.full_sort_predict(batch).view(-1, n_items).float()

@@ -10,14 +10,25 @@ from recbole_freq.model.sequential_recommender import (
     FMLPRec,
     PolyRec,
     RecDenoiser,
+    TiSASRec,
 )
 
 MODELS = {
     model.__name__: model
-    for model in (BSARec, FBSARec, FMLPRec, DuoRec, CL4SRec, PolyRec, RecDenoiser, BERT4RecDenoiser)
+    for model in (
+        BSARec,
+        FBSARec,
+        FMLPRec,
+        DuoRec,
+        CL4SRec,
+        TiSASRec,
+        PolyRec,
+        RecDenoiser,
+        BERT4RecDenoiser,
+    )
 }
 # Comparisons count these with RecBole's built-ins as baselines (the Improv. row).
-BASELINES = frozenset({"FMLPRec", "DuoRec", "CL4SRec"})
+BASELINES = frozenset({"FMLPRec", "DuoRec", "CL4SRec", "TiSASRec"})
 
 __all__ = [
     "BASELINES",
@@ -29,5 +40,6 @@ __all__ = [
     "FMLPRec",
     "PolyRec",
     "RecDenoiser",
+    "TiSASRec",
     "BERT4RecDenoiser",
 ]

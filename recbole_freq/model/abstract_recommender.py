@@ -21,6 +21,7 @@ from recbole_freq.model.objectives import (
     build_objective,
     component_regularisation,
 )
+from recbole_freq.model.temporal import TimeIntervalRelations, evenly_spaced_users
 
 LOSS_TYPES = ("CE", "BPR")
 
@@ -46,6 +47,11 @@ class TransformerRecommender(SequentialRecommender):
     right-padded sequence); the loss is cross-entropy over all items (eq. 11) or BPR
     with sampled negatives, as in RecBole's SASRec.  Subclasses choose the token mixer
     and add their own encoder settings in ``encoder_settings``.
+
+    ``time_intervals: True`` gives every attention layer TiSASRec's position and
+    time-interval embeddings in its keys and values (``temporal``; ``time_span`` k),
+    read from the rows' timestamps (``sequence_inputs``); ``input_position_embedding:
+    False`` leaves positions out of the input embedding, as TiSASRec does.
     """
 
     token_mixer = "self_attention"
@@ -53,6 +59,8 @@ class TransformerRecommender(SequentialRecommender):
     loss_types: tuple[str, ...] = LOSS_TYPES
     extra_item_tokens = 0  # ids after the catalogue, e.g. BERT4Rec's [mask]
     needs_sampled_negatives = True  # non-CE losses read train_neg_sample_args' negatives
+    # Why time_intervals cannot work for a model (its extra inputs have no timestamps).
+    time_intervals_unavailable = ""
 
     def __init__(self, config, dataset):
         super().__init__(config, dataset)
@@ -78,8 +86,12 @@ class TransformerRecommender(SequentialRecommender):
             self.hidden_size,
             config["hidden_dropout_prob"],
             config["layer_norm_eps"],
+            positions=bool(config_value(config, "input_position_embedding", True)),
         )
-        self.encoder = build_encoder(**self.encoder_settings(config))
+        self.relations = self.build_relations(config, dataset)
+        self.encoder = build_encoder(
+            **self.encoder_settings(config), key_value_relations=self.relations is not None
+        )
         self.scale_sparsity_penalties(config, dataset)
         self.objective = build_objective(
             self.encoder,
@@ -108,6 +120,56 @@ class TransformerRecommender(SequentialRecommender):
 
     def build_head(self, config) -> None:
         """Output layers beyond the item embedding (none by default)."""
+
+    def build_relations(self, config, dataset) -> TimeIntervalRelations | None:
+        """TiSASRec's key and value embeddings when ``time_intervals`` is on; checks that
+        the rows carry timestamps and says when they only order the interactions."""
+        enabled = config_value(config, "time_intervals", False)
+        if enabled not in (True, False):
+            raise ValueError(f"time_intervals={enabled!r} must be True or False")
+        self.TIME_SEQ = None
+        if not enabled:
+            return None
+        name = type(self).__name__
+        if self.time_intervals_unavailable:
+            raise ValueError(
+                f"time_intervals=True is not available for {name}: "
+                f"{self.time_intervals_unavailable}"
+            )
+        time_field = config["TIME_FIELD"]
+        self.TIME_SEQ = f"{time_field}{config['LIST_SUFFIX']}"
+        if time_field is None or time_field not in dataset.inter_feat.columns:
+            raise ValueError(
+                f"time_intervals=True needs timestamps, and dataset {config['dataset']!r} "
+                f"has no loaded TIME_FIELD {time_field!r}: add it to load_col (inter)"
+            )
+        even, users = evenly_spaced_users(dataset)
+        if users and even == users:
+            logging.getLogger().warning(
+                f"{name}: every user of {config['dataset']!r} has evenly spaced timestamps "
+                "(they only order the interactions, as in the one-line format), so each "
+                "time interval equals the position distance |i - j| and the interval "
+                "embeddings learn relative positions, not time"
+            )
+        return TimeIntervalRelations(
+            self.max_seq_length,
+            config_value(config, "time_span", 256),
+            self.hidden_size,
+            config["n_heads"],
+            config["hidden_dropout_prob"],
+        )
+
+    def sequence_inputs(self, interaction) -> dict:
+        """What the encoder reads from a batch besides the item sequence: the rows'
+        timestamps with ``time_intervals`` (``{"time_seq": ...}``), else nothing."""
+        if self.relations is None:
+            return {}
+        if self.TIME_SEQ not in interaction:
+            raise ValueError(
+                f"{type(self).__name__} with time_intervals=True needs the rows' "
+                f"timestamps ({self.TIME_SEQ}), which this batch lacks"
+            )
+        return {"time_seq": interaction[self.TIME_SEQ]}
 
     def encoder_settings(self, config) -> dict:
         operator = config_value(config, "attention_operator", "softmax")
@@ -139,13 +201,35 @@ class TransformerRecommender(SequentialRecommender):
         tokens (a ``[mask]``) that only inputs use."""
         return self.item_embedding.weight[: self.n_items]
 
-    def encode(self, item_seq: torch.Tensor, output_all_layers: bool = False):
-        """Hidden states of every position, last layer (or all layers)."""
+    def encoder_inputs(self, item_seq: torch.Tensor, time_seq=None):
+        """``(embedded sequence, attention mask, key-value relations or None)``."""
         mask = build_attention_mask(item_seq, self.bidirectional)
-        return self.encoder(self.embedding(item_seq), mask, output_all_layers)
+        relations = None
+        if self.relations is not None:
+            if time_seq is None:
+                raise ValueError(
+                    f"{type(self).__name__} with time_intervals=True needs time_seq, the "
+                    f"rows' timestamps ({self.TIME_SEQ}): see sequence_inputs"
+                )
+            relations = self.relations(time_seq, item_seq)
+        return self.embedding(item_seq), mask, relations
 
-    def forward(self, item_seq: torch.Tensor, item_seq_len: torch.Tensor) -> torch.Tensor:
-        return self.gather_indexes(self.encode(item_seq), item_seq_len - 1)
+    def encode(self, item_seq: torch.Tensor, output_all_layers: bool = False, **inputs):
+        """Hidden states of every position, last layer (or all layers); ``inputs`` are
+        ``sequence_inputs`` of the batch."""
+        embedded, mask, relations = self.encoder_inputs(item_seq, **inputs)
+        return self.encoder(embedded, mask, output_all_layers, relations)
+
+    def forward(self, item_seq: torch.Tensor, item_seq_len: torch.Tensor, **inputs):
+        return self.gather_indexes(self.encode(item_seq, **inputs), item_seq_len - 1)
+
+    def sequence_output(self, interaction) -> torch.Tensor:
+        """``forward`` of a batch: each row's output at its last position."""
+        return self.forward(
+            interaction[self.ITEM_SEQ],
+            interaction[self.ITEM_SEQ_LEN],
+            **self.sequence_inputs(interaction),
+        )
 
     # --- training -------------------------------------------------------------------
 
@@ -164,7 +248,7 @@ class TransformerRecommender(SequentialRecommender):
         """``(seq_output, loss)``: the training rows' last-position outputs and their mean
         softmax CE over the catalogue (eq. 11) plus the components' regularisers; the
         recommendation part of the models that add contrastive terms."""
-        seq_output = self.forward(interaction[self.ITEM_SEQ], interaction[self.ITEM_SEQ_LEN])
+        seq_output = self.sequence_output(interaction)
         logits = seq_output @ self.item_scores_weight.t()
         targets = interaction[self.POS_ITEM_ID]
         losses = self.pointwise_losses("CE", None, logits=logits, targets=targets)
@@ -174,10 +258,11 @@ class TransformerRecommender(SequentialRecommender):
         """One forward pass: the loss of each training sequence (summing to the batch
         mean) and, for the Jacobian regulariser, every block's input and output."""
         item_seq = interaction[self.ITEM_SEQ]
+        extra = self.sequence_inputs(interaction)
         if self.objective.needs_block_states:
-            inputs, outputs = self.run_encoder(item_seq)
+            inputs, outputs = self.run_encoder(item_seq, **extra)
         else:
-            inputs, outputs = (), [self.encode(item_seq)]
+            inputs, outputs = (), [self.encode(item_seq, **extra)]
         seq_output = self.gather_indexes(outputs[-1], interaction[self.ITEM_SEQ_LEN] - 1)
         pos_items = interaction[self.POS_ITEM_ID]
         if self.loss_type == "CE":
@@ -190,11 +275,10 @@ class TransformerRecommender(SequentialRecommender):
             losses = self.pointwise_losses(self.loss_type, pos_score, neg_score)
         return DenoisingPass(losses / losses.numel(), inputs, outputs, item_seq != 0)
 
-    def run_encoder(self, item_seq: torch.Tensor):
+    def run_encoder(self, item_seq: torch.Tensor, **inputs):
         """Embedding and every block's output; returns (block inputs, block outputs)."""
-        mask = build_attention_mask(item_seq, self.bidirectional)
-        embedded = self.embedding(item_seq)
-        outputs = self.encoder(embedded, mask, output_all_layers=True)
+        embedded, mask, relations = self.encoder_inputs(item_seq, **inputs)
+        outputs = self.encoder(embedded, mask, True, relations)
         return [embedded, *outputs[:-1]], outputs
 
     @staticmethod
@@ -221,12 +305,11 @@ class TransformerRecommender(SequentialRecommender):
     def predict(self, interaction):
         # Sampled evaluation does not come here row by row: ``evaluation.SampledScorer``
         # reads these scores off one full-sort pass per distinct sequence.
-        seq_output = self.forward(interaction[self.ITEM_SEQ], interaction[self.ITEM_SEQ_LEN])
+        seq_output = self.sequence_output(interaction)
         return (seq_output * self.item_embedding(interaction[self.ITEM_ID])).sum(-1)
 
     def full_sort_predict(self, interaction):
-        seq_output = self.forward(interaction[self.ITEM_SEQ], interaction[self.ITEM_SEQ_LEN])
-        return seq_output @ self.item_scores_weight.t()
+        return self.sequence_output(interaction) @ self.item_scores_weight.t()
 
     # --- inspection -----------------------------------------------------------------
 

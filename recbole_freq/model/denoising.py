@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from recbole_freq.model.layers import Dropout, attention_probabilities
+from recbole_freq.model.layers import Dropout, attend, attention_probabilities
 from recbole_freq.options import as_number, finite_non_negative
 
 MASK_ESTIMATORS = ("ARM", "AR")
@@ -91,7 +91,8 @@ class DenoisingMaskAttention(nn.Module):
     binary mask with ``Z ~ Bernoulli(sigmoid(Phi))`` (eq. 8-9); ``Phi`` is one ``n x n``
     parameter per layer (``mask_per_head=False``, the paper) or per head, indexed as in
     ``mask_alignment_index``.  ``M`` is not renormalised (eq. 5); attention dropout acts
-    on ``M``.
+    on ``M``.  With ``KeyValueRelations`` (``--backbone=TiSASRec``) ``A`` is TiSASRec's
+    time-interval-aware attention and ``M`` weighs its values with their relation terms.
 
     - Training: ``Z`` is drawn from uniform noise ``U``: ``1[U < sigmoid(Phi)]``, or for
       the second antithetic pass of ARM ``1[U > sigmoid(-Phi)]`` (eq. 10); ``U`` is one
@@ -160,14 +161,14 @@ class DenoisingMaskAttention(nn.Module):
         keep = torch.sigmoid(self.phi)
         return keep * (keep > 0.5)
 
-    def forward(self, query, key, value, mask):
-        probs = attention_probabilities(query, key, mask)
+    def forward(self, query, key, value, mask, relations=None):
+        probs = attention_probabilities(query, key, mask, relations)
         index = mask_alignment_index(mask)
         if self.training:
             keep = self._sample(mask, index)
         else:
             keep = align_masks(self.inference_mask(), index)
-        return torch.matmul(self.dropout(probs * keep.to(probs.dtype)), value)
+        return attend(self.dropout(probs * keep.to(probs.dtype)), value, relations)
 
     def _sample(self, mask: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         if self._branch == "second":

@@ -10,7 +10,10 @@ code of its own:
   per head: ``softmax`` (BSARec eq. 1), ``chebyshev`` (PolyRec eq. 10-12), ``denoise``
   (Rec-Denoiser eq. 5);
 - ``RESIDUAL_PATHS`` (``residual``): what closes every sub-layer: ``standard`` (BSARec
-  eq. 9) or ``fourier_truncated`` (PolyRec eq. 13).
+  eq. 9) or ``fourier_truncated`` (PolyRec eq. 13);
+- ``key_value_relations``: attention takes ``layers.KeyValueRelations`` with every
+  forward pass (TiSASRec's time intervals, ``time_intervals`` in the model's config);
+  the operators that can use them say so with their component's ``accepts_relations``.
 
 A component's ``config_keys`` are the config keys its factory reads.
 """
@@ -63,11 +66,12 @@ class Component:
 
     factory: Callable[..., nn.Module]
     config_keys: tuple[str, ...] = ()
+    accepts_relations: bool = False  # attention operators taking ``KeyValueRelations``
 
 
 # Attention operators: (query, key, value, mask) -> A V, per head.
 ATTENTION_OPERATORS: dict[str, Component] = {
-    "softmax": Component(lambda ctx: SoftmaxAttention(ctx.attn_dropout_prob)),
+    "softmax": Component(lambda ctx: SoftmaxAttention(ctx.attn_dropout_prob), (), True),
     "chebyshev": Component(
         lambda ctx, poly_order=3, poly_per_head=False: ChebyshevAttention(
             ctx.attn_dropout_prob, poly_order, ctx.n_heads, bool(poly_per_head)
@@ -79,6 +83,7 @@ ATTENTION_OPERATORS: dict[str, Component] = {
             ctx.max_seq_length, ctx.n_heads, ctx.attn_dropout_prob, **options
         ),
         ("estimator", "sparsity_beta", "mask_per_head", "mask_sampling", "mask_init_prob"),
+        accepts_relations=True,
     ),
 }
 
@@ -123,6 +128,7 @@ def build_encoder(
     fusion_branches: Sequence[str] | None = None,
     fusion_weights: Sequence[float] | None = None,
     learn_fusion_weights: bool = False,
+    key_value_relations: bool = False,
 ) -> TransformerEncoder:
     """Assemble the encoder from configuration (the names are RecBole's config keys)."""
     if n_layers < 1:
@@ -141,6 +147,17 @@ def build_encoder(
         )
     operator = _lookup(ATTENTION_OPERATORS, "attention_operator", attention_operator)
     residual_path = _lookup(RESIDUAL_PATHS, "residual", residual)
+    if key_value_relations and token_mixer == "filter":
+        raise ValueError(
+            "time_intervals=True needs attention, and token_mixer='filter' (FMLP-Rec) has "
+            "none; use a self-attention model"
+        )
+    if key_value_relations and not operator.accepts_relations:
+        accepting = sorted(name for name, c in ATTENTION_OPERATORS.items() if c.accepts_relations)
+        raise ValueError(
+            f"time_intervals=True is not available with attention_operator="
+            f"{attention_operator!r}; use one of {accepting}"
+        )
 
     blocks = []
     for layer_index in range(n_layers):

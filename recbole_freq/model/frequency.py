@@ -116,14 +116,14 @@ class BeyondSelfAttentionMixer(nn.Module):
         self.residual = residual
         self.alpha = alpha
 
-    def forward(self, hidden, mask, wanted: Sequence[str]):
+    def forward(self, hidden, mask, wanted: Sequence[str], relations=None):
         need_sa = "sa" in wanted or ("bsa" in wanted and self.alpha < 1.0)
         need_ib = "ib" in wanted or ("bsa" in wanted and self.alpha > 0.0)
         features = {}
         if need_ib:
             features["ib"] = self.residual(self.rescaler(hidden), hidden)
         if need_sa:
-            features["sa"] = self.attention(hidden, mask)
+            features["sa"] = self.attention(hidden, mask, relations)
         if "bsa" in wanted:
             if self.alpha == 0.0:
                 features["bsa"] = features["sa"]
@@ -175,5 +175,5 @@ class FilterMixer(nn.Module):
         self.filter = filter_layer
         self.residual = residual
 
-    def forward(self, hidden, mask, wanted: Sequence[str]):
+    def forward(self, hidden, mask, wanted: Sequence[str], relations=None):
         return {"filter": self.residual(self.filter(hidden), hidden)}

@@ -9,12 +9,15 @@ module holds the pieces every model shares; each paper's own operators live in
 
 Tensors are ``(batch, seq_len, hidden)`` unless stated; attention masks are boolean
 ``(batch, 1, seq_len, seq_len)`` with ``True`` where a query may attend to a key.
+Attention may also take ``KeyValueRelations``: embeddings added to its keys and values
+per position and per (query, key) pair (TiSASRec's, see ``temporal``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -50,18 +53,24 @@ def build_attention_mask(item_seq: torch.Tensor, bidirectional: bool = False) ->
 
 
 class SequenceEmbedding(nn.Module):
-    """Embedding layer, BSARec eq. 4: ``E = Dropout(LayerNorm(M[s] + P))``."""
+    """Embedding layer, BSARec eq. 4: ``E = Dropout(LayerNorm(M[s] + P))``; without
+    ``positions`` ``E = Dropout(LayerNorm(M[s]))`` (TiSASRec, whose positions enter the
+    keys and values of attention instead)."""
 
-    def __init__(self, n_items, max_seq_length, hidden_size, dropout_prob, layer_norm_eps):
+    def __init__(
+        self, n_items, max_seq_length, hidden_size, dropout_prob, layer_norm_eps, positions=True
+    ):
         super().__init__()
         self.item_embedding = nn.Embedding(n_items, hidden_size, padding_idx=0)
-        self.position_embedding = nn.Embedding(max_seq_length, hidden_size)
+        self.position_embedding = nn.Embedding(max_seq_length, hidden_size) if positions else None
         self.layer_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
         self.dropout = Dropout(dropout_prob)
 
     def forward(self, item_seq: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(item_seq.size(1), device=item_seq.device)
-        embedded = self.item_embedding(item_seq) + self.position_embedding(positions)
+        embedded = self.item_embedding(item_seq)
+        if self.position_embedding is not None:
+            positions = torch.arange(item_seq.size(1), device=item_seq.device)
+            embedded = embedded + self.position_embedding(positions)
         return self.dropout(self.layer_norm(embedded))
 
 
@@ -102,17 +111,47 @@ class Dropout(nn.Module):
         return f"p={self.p}"
 
 
-def attention_probabilities(query, key, mask) -> torch.Tensor:
-    """``A = softmax(Q K^T / sqrt(d))`` restricted to the allowed keys, BSARec eq. 1."""
-    scores = torch.matmul(query, key.transpose(-1, -2)) * query.size(-1) ** -0.5
+@dataclass(frozen=True)
+class KeyValueRelations:
+    """Embeddings added to the keys and values of attention, split into heads:
+    per key position, ``position_key`` / ``position_value`` ``(heads, seq_len,
+    head_size)``, and per (query, key) pair, ``pair_key`` / ``pair_value`` ``(batch,
+    seq_len, seq_len, heads, head_size)`` (TiSASRec eq. 4-5: ``P^K_j``, ``P^V_j``,
+    ``R^K_ij``, ``R^V_ij``)."""
+
+    position_key: torch.Tensor
+    position_value: torch.Tensor
+    pair_key: torch.Tensor
+    pair_value: torch.Tensor
+
+
+def attention_probabilities(query, key, mask, relations=None) -> torch.Tensor:
+    """``A = softmax(Q K^T / sqrt(d))`` restricted to the allowed keys, BSARec eq. 1;
+    with ``relations``, TiSASRec eq. 5: ``e_ij = q_i (k_j + R^K_ij + P^K_j)^T / sqrt(d)``."""
+    if relations is not None:
+        key = key + relations.position_key
+    scores = torch.matmul(query, key.transpose(-1, -2))
+    if relations is not None:
+        scores = scores + torch.einsum("bhid,bijhd->bhij", query, relations.pair_key)
+    scores = scores * query.size(-1) ** -0.5
     return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+
+
+def attend(probs, value, relations=None) -> torch.Tensor:
+    """``A V``; with ``relations``, TiSASRec eq. 4: ``z_i = sum_j a_ij (v_j + R^V_ij +
+    P^V_j)``."""
+    if relations is None:
+        return torch.matmul(probs, value)
+    pairs = torch.einsum("bhij,bijhd->bhid", probs, relations.pair_value)
+    return torch.matmul(probs, value + relations.position_value) + pairs
 
 
 class SoftmaxAttention(nn.Module):
     """Attention operator ``softmax(Q K^T / sqrt(d)) V`` (BSARec eq. 1, per head).
 
     Dropout acts on the attention probabilities as in RecBole's and the authors'
-    implementations.  Inference and non-CPU training use PyTorch's fused
+    implementations.  With ``relations`` it is TiSASRec's time-interval-aware attention
+    (eq. 4-5), computed explicitly.  Inference and non-CPU training use PyTorch's fused
     ``scaled_dot_product_attention``; CPU training with dropout computes ``A`` explicitly
     because the fused kernel's CPU fallback draws its dropout mask with the slow
     ``bernoulli_``.  Both give the same function (tests compare them with an unfused
@@ -123,7 +162,10 @@ class SoftmaxAttention(nn.Module):
         super().__init__()
         self.dropout = Dropout(dropout_prob)
 
-    def forward(self, query, key, value, mask):
+    def forward(self, query, key, value, mask, relations=None):
+        if relations is not None:
+            probs = attention_probabilities(query, key, mask, relations)
+            return attend(self.dropout(probs), value, relations)
         if self.training and self.dropout.p > 0 and query.device.type == "cpu":
             return torch.matmul(self.dropout(attention_probabilities(query, key, mask)), value)
         return F.scaled_dot_product_attention(
@@ -156,11 +198,14 @@ class MultiHeadSelfAttention(nn.Module):
         self.dense = nn.Linear(hidden_size, hidden_size)
         self.residual = residual
 
-    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor, relations=None) -> torch.Tensor:
         batch, seq_len, _ = hidden.shape
         qkv = self.qkv(hidden).view(batch, seq_len, 3, self.n_heads, self.head_size)
         query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-        context = self.operator(query, key, value, mask)
+        if relations is None:
+            context = self.operator(query, key, value, mask)
+        else:  # only operators with ``accepts_relations`` are built with relations
+            context = self.operator(query, key, value, mask, relations)
         context = context.transpose(1, 2).reshape(batch, seq_len, -1)
         return self.residual(self.dense(context), hidden)
 
@@ -175,8 +220,8 @@ class SelfAttentionMixer(nn.Module):
         super().__init__()
         self.attention = attention
 
-    def forward(self, hidden, mask, wanted: Sequence[str]):
-        return {"sa": self.attention(hidden, mask)}
+    def forward(self, hidden, mask, wanted: Sequence[str], relations=None):
+        return {"sa": self.attention(hidden, mask, relations)}
 
 
 class FeedForward(nn.Module):
@@ -240,8 +285,8 @@ class TransformerBlock(nn.Module):
             self.register_buffer("fusion_weights", weights)
         self._plain = len(branches) == 1 and not learn_weights and float(weights[0]) == 1.0
 
-    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        features = self.mixer(hidden, mask, self.branches)
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor, relations=None) -> torch.Tensor:
+        features = self.mixer(hidden, mask, self.branches, relations)
         if self._plain:
             return self.feed_forward(features[self.branches[0]])
         fused = 0
@@ -257,10 +302,10 @@ class TransformerEncoder(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
 
-    def forward(self, hidden, mask, output_all_layers: bool = False):
+    def forward(self, hidden, mask, output_all_layers: bool = False, relations=None):
         outputs = []
         for block in self.blocks:
-            hidden = block(hidden, mask)
+            hidden = block(hidden, mask, relations)
             outputs.append(hidden)
         return outputs if output_all_layers else hidden
 

@@ -101,7 +101,9 @@ class ProtocolTrainer:
         item_seq = interaction[model.ITEM_SEQ]
         targets = interaction[model.POS_ITEM_ID]
         negatives = row_negatives(item_seq, targets, model.n_items)
-        output = model.forward(item_seq, interaction[model.ITEM_SEQ_LEN])
+        output = model.forward(
+            item_seq, interaction[model.ITEM_SEQ_LEN], **sequence_inputs(model, interaction)
+        )
         return position_bce(
             output[:, None], targets[:, None], negatives[:, None], item_embedding_weight(model)
         )
@@ -288,13 +290,20 @@ def row_negatives(item_seq, targets, n_items: int) -> torch.Tensor:
     return negatives.to(targets.device)
 
 
+def sequence_inputs(model, interaction) -> dict:
+    """What a plugin model's encoder reads besides the items (TiSASRec's timestamps);
+    nothing for RecBole's models."""
+    hook = getattr(model, "sequence_inputs", None)
+    return hook(interaction) if callable(hook) else {}
+
+
 def all_position_output(model, interaction) -> torch.Tensor:
     """``(batch, n, hidden)``: the model's output at every position.  Plugin models
     expose ``encode``; RecBole's sequential models read the last position with
     ``gather_indexes`` inside ``forward``, which is bypassed for this call."""
     item_seq = interaction[model.ITEM_SEQ]
     if callable(getattr(model, "encode", None)):
-        return model.encode(item_seq)
+        return model.encode(item_seq, **sequence_inputs(model, interaction))
     model.gather_indexes = lambda output, index: output
     try:
         output = model.forward(item_seq, interaction[model.ITEM_SEQ_LEN])

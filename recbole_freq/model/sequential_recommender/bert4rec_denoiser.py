@@ -33,8 +33,9 @@ class BERT4RecDenoiser(DenoisingRecommender):
     backbones = {"BERT4Rec": "self_attention", "BSARec": "bsa"}
     default_backbone = "BERT4Rec"
     other_model = "RecDenoiser"
-    other_backbones = ("SASRec",)
+    other_backbones = ("SASRec", "TiSASRec")
     extra_item_tokens = 1
+    time_intervals_unavailable = "the [mask] it predicts at the next position has no timestamp"
     needs_sampled_negatives = False  # BPR / BCE use the cloze transform's negatives
 
     def __init__(self, config, dataset):

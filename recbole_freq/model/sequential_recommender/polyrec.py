@@ -35,6 +35,7 @@ class PolyRec(TransformerRecommender):
     """
 
     token_mixer = "self_attention"
+    time_intervals_unavailable = "its Chebyshev attention and same-target views take no timestamps"
 
     def __init__(self, config, dataset):
         # Checked before the (slower) encoder build so that bad input fails fast.

@@ -29,6 +29,8 @@ class DenoisingRecommender(TransformerRecommender):
     """
 
     backbones: dict[str, str] = {}  # backbone name -> token mixer
+    # Backbones that also set other settings of the core (TiSASRec's keys and values).
+    backbone_settings = {"TiSASRec": {"time_intervals": True, "input_position_embedding": False}}
     default_backbone = ""
     other_model = ""  # named in the error for another model's backbone
     other_backbones: tuple[str, ...] = ()
@@ -36,6 +38,17 @@ class DenoisingRecommender(TransformerRecommender):
     # RecBole infers the data format from loss_type and knows CE / BPR only; BCE, like
     # BPR, takes one sampled negative per positive.  (Without sampling it is unused.)
     input_type = InputType.PAIRWISE
+
+    def __init__(self, config, dataset):
+        backbone = self._backbone(config_value(config, "backbone", self.default_backbone))
+        for key, value in self.backbone_settings.get(backbone, {}).items():
+            if config[key] is not None and config[key] != value:
+                raise ValueError(
+                    f"backbone={backbone} sets {key}={value}, and the configuration says "
+                    f"{key}={config[key]}; leave {key} unset"
+                )
+            config[key] = value
+        super().__init__(config, dataset)
 
     def _backbone(self, name) -> str:
         if name in self.backbones:
@@ -72,7 +85,9 @@ class RecDenoiser(DenoisingRecommender):
 
     - backbone: SASRec's embedding (eq. 1) and Transformer blocks (eq. 2-3) from the
       shared core, causal attention; ``backbone: BSARec`` uses BSARec's
-      beyond-self-attention layer instead (``alpha``, ``c``, ``beta_type``);
+      beyond-self-attention layer instead (``alpha``, ``c``, ``beta_type``), and
+      ``backbone: TiSASRec`` TiSASRec's time-interval-aware attention (``time_span``;
+      it sets ``time_intervals: True`` and ``input_position_embedding: False``);
     - differentiable masks ``M = A * Z`` (eq. 5) in every attention layer: ``attention_
       operator: denoise`` (``softmax`` gives the plain backbone, e.g. for the Jacobian
       regulariser alone); ``mask_per_head``, ``mask_sampling``, ``mask_init_prob``;
@@ -86,7 +101,7 @@ class RecDenoiser(DenoisingRecommender):
     SASRec (tests compare it with RecBole's SASRec on shared weights).
     """
 
-    backbones = {"SASRec": "self_attention", "BSARec": "bsa"}
+    backbones = {"SASRec": "self_attention", "BSARec": "bsa", "TiSASRec": "self_attention"}
     default_backbone = "SASRec"
     other_model = "BERT4RecDenoiser"
     other_backbones = ("BERT4Rec",)

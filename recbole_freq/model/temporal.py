@@ -1,0 +1,120 @@
+"""TiSASRec's time intervals (Li, Wang and McAuley, "Time Interval Aware Self-Attention
+for Sequential Recommendation", WSDM 2020): the relation matrix of section 3.2 and the
+position and interval embeddings that attention adds to its keys and values (eq. 4-5,
+``layers.KeyValueRelations``).
+
+Where the paper leaves details open, the authors' code (JiachengLi1995/TiSASRec,
+``util.py`` and ``model.py``) decides:
+
+- personalised intervals: a user's timestamps are divided by the smallest non-zero gap
+  between two consecutive interactions of the user (``time_scale``), rounded, and the
+  interval of two interactions is the absolute difference, clipped at ``time_span`` k;
+- the position and interval embeddings are shared by all layers, each with its own
+  dropout draw per batch, and are split into heads like the keys and values.
+
+One difference, on purpose: the authors take the user's scale over the whole history,
+test interaction included; here it is taken over the items of each row's input, so a
+row sees nothing that follows it.
+
+Datasets whose timestamps only order the interactions (the one-line format of the
+BSARec, FMLP-Rec and S3-Rec repositories, for which ``dataset_prep`` writes a running
+counter as the timestamp) have equal gaps, so every interval is the position distance
+``|i - j|`` (clipped at k): TiSASRec then learns relative-position embeddings, not time.
+``evenly_spaced_users`` measures that on a dataset.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from recbole_freq.model.layers import Dropout, KeyValueRelations
+
+
+def time_interval_matrix(time_seq, item_seq, time_span: int) -> torch.Tensor:
+    """``(batch, n, n)`` long: TiSASRec's relation matrix ``r_ij = min(|t'_i - t'_j|,
+    k)`` of each right-padded row, with ``t'`` the row's timestamps minus its first,
+    divided by the smallest non-zero gap between consecutive items of the row (1 if all
+    share one timestamp) and rounded.  Entries of padding positions are 0 (attention
+    hides them)."""
+    real = item_seq != 0
+    times = time_seq.to(torch.float64)
+    gaps = (times[:, 1:] - times[:, :-1]).abs()
+    counted = real[:, 1:] & real[:, :-1] & (gaps > 0)
+    scale = torch.where(counted, gaps, torch.full_like(gaps, torch.inf)).amin(dim=1)
+    scale = torch.where(torch.isinf(scale), torch.ones_like(scale), scale)
+    scaled = torch.round((times - times[:, :1]) / scale[:, None])
+    scaled = torch.where(real, scaled, torch.zeros_like(scaled))
+    intervals = (scaled[:, :, None] - scaled[:, None, :]).abs().clamp(max=time_span)
+    pair_real = real[:, :, None] & real[:, None, :]
+    return torch.where(pair_real, intervals, torch.zeros_like(intervals)).long()
+
+
+class TimeIntervalRelations(nn.Module):
+    """The embeddings TiSASRec adds to keys and values: absolute positions ``P^K``,
+    ``P^V`` (``max_seq_length x d``) and intervals ``R^K``, ``R^V`` (``(k + 1) x d``,
+    one row per clipped interval), each with dropout; returns them per batch as
+    ``KeyValueRelations`` split into ``n_heads``."""
+
+    def __init__(self, max_seq_length, time_span, hidden_size, n_heads, dropout_prob):
+        super().__init__()
+        if isinstance(time_span, bool) or not isinstance(time_span, int) or time_span < 1:
+            raise ValueError(
+                f"time_span={time_span!r} must be an integer >= 1: the largest time "
+                "interval TiSASRec tells apart (its paper's k, e.g. 256)"
+            )
+        if hidden_size % n_heads:
+            raise ValueError(
+                f"hidden_size={hidden_size} is not divisible by n_heads={n_heads}; "
+                "choose n_heads among the divisors of hidden_size"
+            )
+        self.time_span = time_span
+        self.n_heads = n_heads
+        self.position_key = nn.Embedding(max_seq_length, hidden_size)
+        self.position_value = nn.Embedding(max_seq_length, hidden_size)
+        self.interval_key = nn.Embedding(time_span + 1, hidden_size)
+        self.interval_value = nn.Embedding(time_span + 1, hidden_size)
+        self.dropout = Dropout(dropout_prob)
+
+    def forward(self, time_seq, item_seq) -> KeyValueRelations:
+        batch, seq_len = item_seq.shape
+        intervals = time_interval_matrix(time_seq, item_seq, self.time_span)
+        positions = torch.arange(seq_len, device=item_seq.device)
+
+        def per_position(embedding):  # (heads, n, head_size)
+            return (
+                self.dropout(embedding(positions)).view(seq_len, self.n_heads, -1).transpose(0, 1)
+            )
+
+        def per_pair(embedding):  # (batch, n, n, heads, head_size)
+            return self.dropout(embedding(intervals)).view(
+                batch, seq_len, seq_len, self.n_heads, -1
+            )
+
+        return KeyValueRelations(
+            per_position(self.position_key),
+            per_position(self.position_value),
+            per_pair(self.interval_key),
+            per_pair(self.interval_value),
+        )
+
+    def extra_repr(self) -> str:
+        return f"time_span={self.time_span}, n_heads={self.n_heads}"
+
+
+def evenly_spaced_users(dataset) -> tuple[int, int]:
+    """``(evenly spaced, users with >= 3 interactions)`` of a RecBole dataset: users
+    whose consecutive interactions are all the same time apart, for whom TiSASRec's
+    intervals are position distances."""
+    feat = dataset.inter_feat
+    users = feat[dataset.uid_field].numpy()
+    times = feat[dataset.time_field].numpy().astype(np.float64)
+    order = np.lexsort((times, users))
+    users, times = users[order], times[order]
+    same_user = users[1:] == users[:-1]
+    gap_users, gaps = users[1:][same_user], np.diff(times)[same_user]
+    _, first, inverse = np.unique(gap_users, return_index=True, return_inverse=True)
+    uneven = np.unique(gap_users[gaps != gaps[first][inverse]])
+    eligible = np.flatnonzero(np.bincount(users) >= 3)
+    return len(np.setdiff1d(eligible, uneven)), len(eligible)

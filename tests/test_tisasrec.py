@@ -1,0 +1,246 @@
+"""TiSASRec (``recbole_freq.model.TiSASRec``) and ``time_intervals`` on the shared core:
+the relation matrix against the authors' computation, the attention against eq. 4-5
+written out, zero relation embeddings give RecBole's SASRec, timestamps reach the model
+in every path (training, protocols, sampled scoring, recommending), order-only
+timestamps are reported, bad settings are refused; and Rec-Denoiser on it."""
+
+import logging
+import random
+
+import numpy as np
+import pytest
+import torch
+from recbole.model.sequential_recommender import SASRec
+
+from conftest import assert_same_as_recbole, first_batch, prepare
+from recbole_freq.model import BASELINES, RecDenoiser, TiSASRec
+from recbole_freq.model.layers import KeyValueRelations, attend, attention_probabilities
+from recbole_freq.model.temporal import time_interval_matrix
+from recbole_freq.quick_start import run
+
+NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attn_dropout_prob": 0.0}
+GAPS = (1, 1, 2, 5, 30, 600, 3600, 86400)  # seconds: repeats, minutes, hours, days
+
+
+@pytest.fixture(scope="module")
+def timed_data(tmp_path_factory):
+    """Data folder with dataset ``timed``: 50 users, 30 items, irregular unix times."""
+    rng = random.Random(3)
+    root = tmp_path_factory.mktemp("timed")
+    (root / "timed").mkdir()
+    lines = ["user_id:token\titem_id:token\ttimestamp:float"]
+    for user in range(1, 51):
+        time = 1_600_000_000 + rng.randint(0, 10**6)
+        start = rng.randint(1, 30)
+        for step in range(rng.randint(6, 18)):
+            time += rng.choice(GAPS)
+            item = (start + step + rng.randint(0, 2)) % 30 + 1
+            lines.append(f"{user}\t{item}\t{time}")
+    (root / "timed" / "timed.inter").write_text("\n".join(lines) + "\n")
+    return root
+
+
+@pytest.fixture
+def timed_config(small_config, timed_data):
+    return dict(small_config, data_path=str(timed_data))
+
+
+def authors_relation(times, time_span):
+    """JiachengLi1995/TiSASRec ``util.py`` for one row of real timestamps: divide by the
+    smallest non-zero consecutive gap, round from the first, clip the differences."""
+    gaps = {b - a for a, b in zip(times, times[1:]) if b - a != 0}
+    scale = min(gaps) if gaps else 1
+    scaled = [int(round((t - times[0]) / scale)) + 1 for t in times]
+    return [[min(abs(a - b), time_span) for b in scaled] for a in scaled]
+
+
+def test_relation_matrix_is_the_authors(timed_config):
+    rng = np.random.default_rng(0)
+    rows, lengths, expected = [], [], []
+    for length in (1, 2, 5, 9, 12):
+        times = np.cumsum(rng.choice(GAPS + (0,), size=length)).astype(float) + 1e9
+        rows.append(np.pad(times, (0, 12 - length)))
+        lengths.append(length)
+        expected.append(authors_relation(times.tolist(), time_span=40))
+    time_seq = torch.tensor(np.stack(rows))
+    item_seq = (torch.arange(12)[None, :] < torch.tensor(lengths)[:, None]).long() * 7
+    matrix = time_interval_matrix(time_seq, item_seq, time_span=40)
+    for row, (length, reference) in enumerate(zip(lengths, expected)):
+        assert matrix[row, :length, :length].tolist() == reference
+        assert matrix[row, length:].abs().sum() == 0 and matrix[row, :, length:].abs().sum() == 0
+    assert matrix.max() == 40  # the day-long gaps clip at time_span
+
+
+def test_relation_attention_is_eq_4_and_5_written_out():
+    torch.manual_seed(0)
+    batch, heads, n, size = 2, 2, 5, 3
+    query, key, value = (torch.randn(batch, heads, n, size, dtype=torch.float64) for _ in "qkv")
+    relations = KeyValueRelations(
+        torch.randn(heads, n, size, dtype=torch.float64),
+        torch.randn(heads, n, size, dtype=torch.float64),
+        torch.randn(batch, n, n, heads, size, dtype=torch.float64),
+        torch.randn(batch, n, n, heads, size, dtype=torch.float64),
+    )
+    mask = torch.ones(n, n, dtype=torch.bool).tril()[None, None].expand(batch, 1, n, n)
+    output = attend(attention_probabilities(query, key, mask, relations), value, relations)
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(n):
+                scores = torch.stack(
+                    [
+                        query[b, h, i]
+                        @ (
+                            key[b, h, j]
+                            + relations.pair_key[b, i, j, h]
+                            + relations.position_key[h, j]
+                        )
+                        / size**0.5
+                        for j in range(i + 1)
+                    ]
+                )
+                weights = scores.softmax(0)
+                z = sum(
+                    weights[j]
+                    * (
+                        value[b, h, j]
+                        + relations.pair_value[b, i, j, h]
+                        + relations.position_value[h, j]
+                    )
+                    for j in range(i + 1)
+                )
+                torch.testing.assert_close(output[b, h, i], z)
+
+
+def zero_relations(model):
+    with torch.no_grad():
+        for parameter in model.relations.parameters():
+            parameter.zero_()
+
+
+def test_zero_relation_embeddings_with_input_positions_is_recboles_sasrec(timed_config):
+    overrides = dict(timed_config, input_position_embedding=True, **NO_DROPOUT)
+    config, train, _, test = prepare("TiSASRec", overrides, dataset="timed")
+    model = TiSASRec(config, train._dataset)
+    zero_relations(model)
+    assert_same_as_recbole(model, SASRec(config, train._dataset), config, train, test)
+
+
+def test_zero_interval_embeddings_leave_only_positions(timed_config):
+    """Without interval embeddings the timestamps no longer matter; with them they do."""
+    config, train, _, test = prepare("TiSASRec", dict(timed_config), dataset="timed")
+    model = TiSASRec(config, train._dataset).eval()
+    batch = first_batch(test)
+    times = batch[model.TIME_SEQ]
+    other_times = batch[torch.arange(len(batch))]  # a copy
+    other_times.update(type(batch)({model.TIME_SEQ: times[:, :1] + (times - times[:, :1]) ** 1.3}))
+    with torch.no_grad():
+        assert not torch.allclose(
+            model.full_sort_predict(batch), model.full_sort_predict(other_times)
+        )
+        model.relations.interval_key.weight.zero_()
+        model.relations.interval_value.weight.zero_()
+        torch.testing.assert_close(
+            model.full_sort_predict(batch), model.full_sort_predict(other_times)
+        )
+
+
+def test_tisasrec_trains_under_sasrec_protocol_and_sampled_scoring(timed_config, caplog):
+    """The authors' loss (all positions, BCE) under ``--protocol=sasrec`` (its causality
+    check included), uni100 through the fast sampled scorer (no fallback warning)."""
+    with caplog.at_level(logging.WARNING):
+        summary = run(
+            "TiSASRec", "timed", cmd_overrides=dict(timed_config, epochs=2, protocol="sasrec")
+        )
+    assert summary["protocol"]["label"].startswith("sasrec")
+    assert 0.0 < summary["test_result"]["hit@10"] <= 1.0
+    assert "differs from its full-sort scores" not in caplog.text
+    assert "evenly spaced" not in caplog.text
+
+
+def test_order_only_timestamps_are_reported(small_config, caplog):
+    with caplog.at_level(logging.WARNING):
+        config, train, _, _ = prepare("TiSASRec", dict(small_config))
+        TiSASRec(config, train._dataset)
+    assert "evenly spaced timestamps" in caplog.text and "|i - j|" in caplog.text
+
+
+def test_recommend_reads_the_timestamps(timed_config):
+    from recbole_freq.recommend import user_inputs
+
+    config, train, valid, test = prepare("TiSASRec", dict(timed_config), dataset="timed")
+    model = TiSASRec(config, train._dataset).eval()
+    splits = (train._dataset, valid._dataset, test._dataset)
+    test_rows = test._dataset.inter_feat
+    uids = test_rows[model.USER_ID].numpy()
+    item_seq, item_seq_len, extra = user_inputs(model, splits, uids, "test")
+    assert torch.equal(item_seq, test_rows[model.ITEM_SEQ])
+    assert torch.equal(extra[model.TIME_SEQ], test_rows[model.TIME_SEQ])
+    _, lengths, after = user_inputs(model, splits, uids, "next")
+    last = after[model.TIME_SEQ][torch.arange(len(uids)), lengths - 1]
+    assert torch.equal(last, test_rows[config["TIME_FIELD"]].to(last.dtype))
+
+
+def test_tisasrec_is_a_baseline_with_the_authors_settings(timed_config):
+    config, train, _, _ = prepare("TiSASRec", {"data_path": timed_config["data_path"]}, "timed")
+    assert "TiSASRec" in BASELINES
+    assert (config["hidden_size"], config["n_heads"], config["time_span"]) == (50, 1, 256)
+    model = TiSASRec(config, train._dataset)
+    assert model.embedding.position_embedding is None and model.relations is not None
+
+
+@pytest.mark.parametrize(
+    "model, overrides, message",
+    [
+        ("TiSASRec", {"time_span": 0}, "time_span=0 must be an integer >= 1"),
+        ("TiSASRec", {"attention_operator": "chebyshev"}, "not available with attention_"),
+        ("FMLPRec", {"time_intervals": True}, "token_mixer='filter' (FMLP-Rec) has none"),
+        ("DuoRec", {"time_intervals": True}, "not available for DuoRec"),
+        ("PolyRec", {"time_intervals": True}, "not available for PolyRec"),
+        ("RecDenoiser", {"backbone": "TiSASRec", "time_intervals": False}, "leave time_interv"),
+        ("BERT4RecDenoiser", {"backbone": "TiSASRec"}, "use --model=RecDenoiser"),
+    ],
+)
+def test_bad_time_interval_settings_are_refused(timed_config, model, overrides, message):
+    from recbole_freq.model import MODELS
+
+    config, train, _, _ = prepare(model, dict(timed_config, **overrides), dataset="timed")
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        MODELS[model](config, train._dataset)
+
+
+def test_a_dataset_without_timestamps_is_refused(timed_config):
+    """RecBole's sequential splits need a time field; a dataset object without one (as
+    a user's own pipeline could give) is refused by name."""
+    config, train, _, _ = prepare("TiSASRec", dict(timed_config), dataset="timed")
+    dataset = train._dataset.copy(train._dataset.inter_feat)
+    dataset.inter_feat = type(dataset.inter_feat)(
+        {k: v for k, v in dataset.inter_feat.interaction.items() if k != "timestamp"}
+    )
+    with pytest.raises(ValueError, match="needs timestamps.*add it to load_col"):
+        TiSASRec(config, dataset)
+
+
+def test_recdenoiser_on_tisasrec_with_all_ones_masks_is_tisasrec(timed_config):
+    shared = dict(timed_config, hidden_act="gelu", layer_norm_eps=1e-12, **NO_DROPOUT)
+    overrides = dict(shared, backbone="TiSASRec", sparsity_beta=0.0, jacobian_gamma=0.0)
+    config, train, _, test = prepare("RecDenoiser", overrides, dataset="timed")
+    denoiser = RecDenoiser(config, train._dataset)
+    assert denoiser.relations is not None and denoiser.embedding.position_embedding is None
+    plain_config, _, _, _ = prepare("TiSASRec", shared, dataset="timed")
+    plain = TiSASRec(plain_config, train._dataset)
+    for module in denoiser.modules():
+        if hasattr(module, "phi"):
+            with torch.no_grad():
+                module.phi.fill_(30.0)
+    missing = plain.load_state_dict(denoiser.state_dict(), strict=False)
+    assert not missing.missing_keys and all("phi" in k for k in missing.unexpected_keys)
+    denoiser.eval(), plain.eval()
+    batch = first_batch(test)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            denoiser.full_sort_predict(batch), plain.full_sort_predict(batch)
+        )
+    summary = run(
+        "RecDenoiser", "timed", cmd_overrides=dict(timed_config, backbone="TiSASRec", epochs=1)
+    )
+    assert summary["epochs_run"] == 1 and summary["model_report"]["learned_masks"]
