@@ -235,7 +235,10 @@ def _check_sizes_before_building(config, state: dict, path) -> None:
                 )
         if name.endswith("item_embedding.weight") and tensor.dim() == 2:
             hidden = config["hidden_size"] or config["embedding_size"]
-            if hidden is not None and hidden != tensor.shape[1]:
+            # SSE-PT's input: item and user embeddings side by side fill the hidden size
+            user = state.get(name.replace("item_embedding", "user_embedding"))
+            width = tensor.shape[1] + (user.shape[1] if getattr(user, "dim", None) else 0)
+            if hidden is not None and hidden != width:
                 problems.append(f"hidden_size={hidden!r} but {name} is {tuple(tensor.shape)}")
     if problems:
         raise CheckpointMismatchError(

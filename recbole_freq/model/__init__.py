@@ -2,6 +2,7 @@
 the ones that are the papers' baselines (reimplemented here because RecBole lacks them)."""
 
 from recbole_freq.model.sequential_recommender import (
+    SSEPT,
     BERT4RecDenoiser,
     BSARec,
     CL4SRec,
@@ -22,13 +23,14 @@ MODELS = {
         DuoRec,
         CL4SRec,
         TiSASRec,
+        SSEPT,
         PolyRec,
         RecDenoiser,
         BERT4RecDenoiser,
     )
 }
 # Comparisons count these with RecBole's built-ins as baselines (the Improv. row).
-BASELINES = frozenset({"FMLPRec", "DuoRec", "CL4SRec", "TiSASRec"})
+BASELINES = frozenset({"FMLPRec", "DuoRec", "CL4SRec", "TiSASRec", "SSEPT"})
 
 __all__ = [
     "BASELINES",
@@ -40,6 +42,7 @@ __all__ = [
     "FMLPRec",
     "PolyRec",
     "RecDenoiser",
+    "SSEPT",
     "TiSASRec",
     "BERT4RecDenoiser",
 ]

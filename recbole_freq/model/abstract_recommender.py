@@ -22,8 +22,26 @@ from recbole_freq.model.objectives import (
     component_regularisation,
 )
 from recbole_freq.model.temporal import TimeIntervalRelations, evenly_spaced_users
+from recbole_freq.options import as_number
 
 LOSS_TYPES = ("CE", "BPR")
+
+
+def probability(value, name: str) -> float:
+    """A probability in [0, 1), or a one-line error naming the setting."""
+    number = as_number(value)
+    if isinstance(value, bool) or not 0.0 <= number < 1.0:
+        raise ValueError(f"{name}={value!r} must be a probability in [0, 1) (0: off)")
+    return number
+
+
+def stochastic_shared(ids: torch.Tensor, prob: float, n_ids: int) -> torch.Tensor:
+    """SSE-SE (Wu et al., NeurIPS 2019), as SSE-PT's sampler applies it: each id replaced
+    with probability ``prob`` by one drawn uniformly from ``1 .. n_ids - 1`` (torch's
+    global generator)."""
+    replace = torch.rand(ids.shape, device=ids.device) < prob
+    random_ids = torch.randint(1, n_ids, ids.shape, device=ids.device)
+    return torch.where(replace, random_ids, ids)
 
 
 def config_value(config, key, default=None):
@@ -59,8 +77,9 @@ class TransformerRecommender(SequentialRecommender):
     loss_types: tuple[str, ...] = LOSS_TYPES
     extra_item_tokens = 0  # ids after the catalogue, e.g. BERT4Rec's [mask]
     needs_sampled_negatives = True  # non-CE losses read train_neg_sample_args' negatives
-    # Why time_intervals cannot work for a model (its extra inputs have no timestamps).
-    time_intervals_unavailable = ""
+    # Why time_intervals / user_embedding_size cannot work for a model: it encodes
+    # sequences (augmented views ...) whose timestamps and users it does not have.
+    extra_inputs_unavailable = ""
 
     def __init__(self, config, dataset):
         super().__init__(config, dataset)
@@ -80,6 +99,18 @@ class TransformerRecommender(SequentialRecommender):
                 f"loss_type={self.loss_type!r} needs sampled negatives: set "
                 "train_neg_sample_args: {distribution: uniform, sample_num: 1}"
             )
+        user_size = self.user_embedding_size(config)
+        self.sse_user_prob = probability(
+            config_value(config, "sse_user_prob", 0.0), "sse_user_prob"
+        )
+        self.sse_item_prob = probability(
+            config_value(config, "sse_item_prob", 0.0), "sse_item_prob"
+        )
+        if self.sse_user_prob and not user_size:
+            raise ValueError(
+                f"sse_user_prob={self.sse_user_prob} replaces user embeddings, and the model "
+                "has none: set user_embedding_size > 0 (SSE-PT) or sse_user_prob: 0"
+            )
         self.embedding = SequenceEmbedding(
             self.n_items + self.extra_item_tokens,
             self.max_seq_length,
@@ -87,6 +118,8 @@ class TransformerRecommender(SequentialRecommender):
             config["hidden_dropout_prob"],
             config["layer_norm_eps"],
             positions=bool(config_value(config, "input_position_embedding", True)),
+            n_users=dataset.user_num if user_size else 0,
+            user_size=user_size,
         )
         self.relations = self.build_relations(config, dataset)
         self.encoder = build_encoder(
@@ -121,6 +154,29 @@ class TransformerRecommender(SequentialRecommender):
     def build_head(self, config) -> None:
         """Output layers beyond the item embedding (none by default)."""
 
+    def user_embedding_size(self, config) -> int:
+        """``user_embedding_size`` (SSE-PT's user part of the input; 0: none, ``half``:
+        half of ``hidden_size``), checked."""
+        size = config_value(config, "user_embedding_size", 0)
+        if size == "half":  # SSE-PT's split: as many user as item dimensions
+            size = config["hidden_size"] // 2
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(
+                f"user_embedding_size={size!r} must be an integer >= 0 (0: no user embedding) "
+                "or half"
+            )
+        if size and self.extra_inputs_unavailable:
+            raise ValueError(
+                f"user_embedding_size={size} is not available for {type(self).__name__}: "
+                f"{self.extra_inputs_unavailable}"
+            )
+        return size
+
+    @property
+    def personalised(self) -> bool:
+        """Whether inputs and scores carry a user embedding (SSE-PT)."""
+        return self.embedding.user_embedding is not None
+
     def build_relations(self, config, dataset) -> TimeIntervalRelations | None:
         """TiSASRec's key and value embeddings when ``time_intervals`` is on; checks that
         the rows carry timestamps and says when they only order the interactions."""
@@ -131,10 +187,9 @@ class TransformerRecommender(SequentialRecommender):
         if not enabled:
             return None
         name = type(self).__name__
-        if self.time_intervals_unavailable:
+        if self.extra_inputs_unavailable:
             raise ValueError(
-                f"time_intervals=True is not available for {name}: "
-                f"{self.time_intervals_unavailable}"
+                f"time_intervals=True is not available for {name}: {self.extra_inputs_unavailable}"
             )
         time_field = config["TIME_FIELD"]
         self.TIME_SEQ = f"{time_field}{config['LIST_SUFFIX']}"
@@ -161,15 +216,29 @@ class TransformerRecommender(SequentialRecommender):
 
     def sequence_inputs(self, interaction) -> dict:
         """What the encoder reads from a batch besides the item sequence: the rows'
-        timestamps with ``time_intervals`` (``{"time_seq": ...}``), else nothing."""
-        if self.relations is None:
-            return {}
-        if self.TIME_SEQ not in interaction:
-            raise ValueError(
-                f"{type(self).__name__} with time_intervals=True needs the rows' "
-                f"timestamps ({self.TIME_SEQ}), which this batch lacks"
-            )
-        return {"time_seq": interaction[self.TIME_SEQ]}
+        timestamps with ``time_intervals`` (``time_seq``) and their users when
+        personalised (``users``; in training each replaced by a random user with
+        probability ``sse_user_prob``, SSE-PT's stochastic shared embeddings)."""
+        inputs = {}
+        for wanted, field, setting in (
+            (self.relations is not None, self.TIME_SEQ, "time_intervals=True"),
+            (self.personalised, self.USER_ID, "user_embedding_size > 0"),
+        ):
+            if wanted and field not in interaction:
+                raise ValueError(
+                    f"{type(self).__name__} with {setting} needs the rows' {field}, which "
+                    "this batch lacks"
+                )
+        if self.relations is not None:
+            inputs["time_seq"] = interaction[self.TIME_SEQ]
+        if self.personalised:
+            users = interaction[self.USER_ID]
+            if self.training and self.sse_user_prob > 0:
+                users = stochastic_shared(
+                    users, self.sse_user_prob, self.embedding.user_embedding.num_embeddings
+                )
+            inputs["users"] = users
+        return inputs
 
     def encoder_settings(self, config) -> dict:
         operator = config_value(config, "attention_operator", "softmax")
@@ -198,11 +267,31 @@ class TransformerRecommender(SequentialRecommender):
     @property
     def item_scores_weight(self) -> torch.Tensor:
         """The embeddings items are scored with: the catalogue's, without the extra
-        tokens (a ``[mask]``) that only inputs use."""
-        return self.item_embedding.weight[: self.n_items]
+        tokens (a ``[mask]``) that only inputs use.  Personalised, each gets a last entry
+        1 that ``readout``'s user term meets: ``<h, [e_i; u]> = <[h_I, <h_U, u>], [e_i;
+        1]>``."""
+        weight = self.item_embedding.weight[: self.n_items]
+        if self.personalised:
+            weight = torch.cat([weight, weight.new_ones(self.n_items, 1)], dim=1)
+        return weight
 
-    def encoder_inputs(self, item_seq: torch.Tensor, time_seq=None):
-        """``(embedded sequence, attention mask, key-value relations or None)``."""
+    def readout(self, hidden: torch.Tensor, users=None, **_) -> torch.Tensor:
+        """What each position scores items with, by the dot product with
+        ``item_scores_weight``: the hidden state, or, personalised, ``[h_I, <h_U, u>]``
+        (SSE-PT scores ``<h, [e_i; u]>``, the user's embedding in the item's)."""
+        if not self.personalised:
+            return hidden
+        item_size = self.item_embedding.embedding_dim
+        user = self.embedding.user_embedding(users)
+        if hidden.dim() == 3:
+            user = user[:, None, :]
+        user_term = (hidden[..., item_size:] * user).sum(-1, keepdim=True)
+        return torch.cat([hidden[..., :item_size], user_term], dim=-1)
+
+    def encoder_inputs(self, item_seq: torch.Tensor, time_seq=None, users=None):
+        """``(embedded sequence, attention mask, key-value relations or None)``; in
+        training, each input item is replaced by a random one with probability
+        ``sse_item_prob`` (stochastic shared embeddings, SSE-PT)."""
         mask = build_attention_mask(item_seq, self.bidirectional)
         relations = None
         if self.relations is not None:
@@ -212,13 +301,23 @@ class TransformerRecommender(SequentialRecommender):
                     f"rows' timestamps ({self.TIME_SEQ}): see sequence_inputs"
                 )
             relations = self.relations(time_seq, item_seq)
-        return self.embedding(item_seq), mask, relations
+        if self.personalised and users is None:
+            raise ValueError(
+                f"{type(self).__name__} with user_embedding_size > 0 needs users, the rows' "
+                f"{self.USER_ID}: see sequence_inputs"
+            )
+        inputs = item_seq
+        if self.training and self.sse_item_prob > 0:
+            replaced = stochastic_shared(item_seq, self.sse_item_prob, self.n_items)
+            inputs = torch.where(item_seq > 0, replaced, item_seq)
+        return self.embedding(inputs, users), mask, relations
 
     def encode(self, item_seq: torch.Tensor, output_all_layers: bool = False, **inputs):
-        """Hidden states of every position, last layer (or all layers); ``inputs`` are
-        ``sequence_inputs`` of the batch."""
+        """Every position's ``readout`` of the last layer (or all layers' hidden
+        states); ``inputs`` are ``sequence_inputs`` of the batch."""
         embedded, mask, relations = self.encoder_inputs(item_seq, **inputs)
-        return self.encoder(embedded, mask, output_all_layers, relations)
+        outputs = self.encoder(embedded, mask, output_all_layers, relations)
+        return outputs if output_all_layers else self.readout(outputs, **inputs)
 
     def forward(self, item_seq: torch.Tensor, item_seq_len: torch.Tensor, **inputs):
         return self.gather_indexes(self.encode(item_seq, **inputs), item_seq_len - 1)
@@ -264,14 +363,15 @@ class TransformerRecommender(SequentialRecommender):
         else:
             inputs, outputs = (), [self.encode(item_seq, **extra)]
         seq_output = self.gather_indexes(outputs[-1], interaction[self.ITEM_SEQ_LEN] - 1)
+        seq_output = self.readout(seq_output, **extra)
         pos_items = interaction[self.POS_ITEM_ID]
         if self.loss_type == "CE":
             logits = seq_output @ self.item_scores_weight.t()
             losses = self.pointwise_losses("CE", None, logits=logits, targets=pos_items)
         else:
-            pos_score = (seq_output * self.item_embedding(pos_items)).sum(-1)
-            neg_items = interaction[self.NEG_ITEM_ID]
-            neg_score = (seq_output * self.item_embedding(neg_items)).sum(-1)
+            weight = self.item_scores_weight
+            pos_score = (seq_output * weight[pos_items]).sum(-1)
+            neg_score = (seq_output * weight[interaction[self.NEG_ITEM_ID]]).sum(-1)
             losses = self.pointwise_losses(self.loss_type, pos_score, neg_score)
         return DenoisingPass(losses / losses.numel(), inputs, outputs, item_seq != 0)
 
@@ -306,7 +406,7 @@ class TransformerRecommender(SequentialRecommender):
         # Sampled evaluation does not come here row by row: ``evaluation.SampledScorer``
         # reads these scores off one full-sort pass per distinct sequence.
         seq_output = self.sequence_output(interaction)
-        return (seq_output * self.item_embedding(interaction[self.ITEM_ID])).sum(-1)
+        return (seq_output * self.item_scores_weight[interaction[self.ITEM_ID]]).sum(-1)
 
     def full_sort_predict(self, interaction):
         return self.sequence_output(interaction) @ self.item_scores_weight.t()

@@ -53,21 +53,41 @@ def build_attention_mask(item_seq: torch.Tensor, bidirectional: bool = False) ->
 
 
 class SequenceEmbedding(nn.Module):
-    """Embedding layer, BSARec eq. 4: ``E = Dropout(LayerNorm(M[s] + P))``; without
-    ``positions`` ``E = Dropout(LayerNorm(M[s]))`` (TiSASRec, whose positions enter the
-    keys and values of attention instead)."""
+    """Embedding layer, BSARec eq. 4: ``E = Dropout(LayerNorm(M[s] + P))``.
+
+    Without ``positions``, ``E = Dropout(LayerNorm(M[s]))`` (TiSASRec, whose positions
+    enter the keys and values of attention instead).  With ``n_users`` and
+    ``user_size``, each item's embedding of ``hidden_size - user_size`` is concatenated
+    with the user's embedding, ``[M[s_t]; U_u]`` (SSE-PT's personalised input)."""
 
     def __init__(
-        self, n_items, max_seq_length, hidden_size, dropout_prob, layer_norm_eps, positions=True
+        self,
+        n_items,
+        max_seq_length,
+        hidden_size,
+        dropout_prob,
+        layer_norm_eps,
+        positions=True,
+        n_users=0,
+        user_size=0,
     ):
         super().__init__()
-        self.item_embedding = nn.Embedding(n_items, hidden_size, padding_idx=0)
+        if user_size and not 0 < user_size < hidden_size:
+            raise ValueError(
+                f"user_embedding_size={user_size} must lie in (0, hidden_size={hidden_size}): "
+                "the item embedding gets the rest of the hidden size"
+            )
+        self.item_embedding = nn.Embedding(n_items, hidden_size - user_size, padding_idx=0)
+        self.user_embedding = nn.Embedding(n_users, user_size) if user_size else None
         self.position_embedding = nn.Embedding(max_seq_length, hidden_size) if positions else None
         self.layer_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
         self.dropout = Dropout(dropout_prob)
 
-    def forward(self, item_seq: torch.Tensor) -> torch.Tensor:
+    def forward(self, item_seq: torch.Tensor, users: torch.Tensor | None = None) -> torch.Tensor:
         embedded = self.item_embedding(item_seq)
+        if self.user_embedding is not None:
+            user = self.user_embedding(users)[:, None, :].expand(-1, item_seq.size(1), -1)
+            embedded = torch.cat([embedded, user], dim=-1)
         if self.position_embedding is not None:
             positions = torch.arange(item_seq.size(1), device=item_seq.device)
             embedded = embedded + self.position_embedding(positions)

@@ -6,6 +6,7 @@ from recbole_freq.model.sequential_recommender.fbsarec import FBSARec
 from recbole_freq.model.sequential_recommender.fmlprec import FMLPRec
 from recbole_freq.model.sequential_recommender.polyrec import PolyRec
 from recbole_freq.model.sequential_recommender.recdenoiser import RecDenoiser
+from recbole_freq.model.sequential_recommender.ssept import SSEPT
 from recbole_freq.model.sequential_recommender.tisasrec import TiSASRec
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "FMLPRec",
     "PolyRec",
     "RecDenoiser",
+    "SSEPT",
     "TiSASRec",
     "BERT4RecDenoiser",
 ]

@@ -33,9 +33,11 @@ class BERT4RecDenoiser(DenoisingRecommender):
     backbones = {"BERT4Rec": "self_attention", "BSARec": "bsa"}
     default_backbone = "BERT4Rec"
     other_model = "RecDenoiser"
-    other_backbones = ("SASRec", "TiSASRec")
+    other_backbones = ("SASRec", "TiSASRec", "SSE-PT")
     extra_item_tokens = 1
-    time_intervals_unavailable = "the [mask] it predicts at the next position has no timestamp"
+    extra_inputs_unavailable = (
+        "its [mask] at the next position has no timestamp, its head no user part"
+    )
     needs_sampled_negatives = False  # BPR / BCE use the cloze transform's negatives
 
     def __init__(self, config, dataset):

@@ -30,7 +30,7 @@ class CL4SRec(TransformerRecommender):
     token_mixer = "self_attention"
     loss_types = ("CE",)  # L_main is the softmax CE over all items
     extra_item_tokens = 1  # [mask], id n_items: an input of item_mask, never scored
-    time_intervals_unavailable = "its cropped, masked and reordered views have no timestamps"
+    extra_inputs_unavailable = "its augmented views are encoded without timestamps or users"
 
     def __init__(self, config, dataset):
         ratios = {

@@ -40,7 +40,9 @@ class DuoRec(TransformerRecommender):
 
     token_mixer = "self_attention"
     loss_types = ("CE",)  # DuoRec's L_rec is the softmax CE over all items
-    time_intervals_unavailable = "its same-target views are other rows' items, without timestamps"
+    extra_inputs_unavailable = (
+        "its same-target views are other rows' items, encoded without timestamps or users"
+    )
 
     def __init__(self, config, dataset):
         contrast = config["contrast"]  # DuoRec.yaml's us_x unless set; ~ is no contrast

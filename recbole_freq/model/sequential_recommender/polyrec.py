@@ -35,7 +35,9 @@ class PolyRec(TransformerRecommender):
     """
 
     token_mixer = "self_attention"
-    time_intervals_unavailable = "its Chebyshev attention and same-target views take no timestamps"
+    extra_inputs_unavailable = (
+        "its same-target views are other rows' items, encoded without timestamps or users"
+    )
 
     def __init__(self, config, dataset):
         # Checked before the (slower) encoder build so that bad input fails fast.

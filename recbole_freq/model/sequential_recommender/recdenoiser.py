@@ -29,8 +29,14 @@ class DenoisingRecommender(TransformerRecommender):
     """
 
     backbones: dict[str, str] = {}  # backbone name -> token mixer
-    # Backbones that also set other settings of the core (TiSASRec's keys and values).
-    backbone_settings = {"TiSASRec": {"time_intervals": True, "input_position_embedding": False}}
+    # Backbones that also set other settings of the core: required values (TiSASRec's
+    # keys and values) and defaults where unset (SSE-PT's user part and SSE).
+    backbone_settings = {
+        "TiSASRec": {"time_intervals": True, "input_position_embedding": False},
+    }
+    backbone_defaults = {
+        "SSE-PT": {"user_embedding_size": "half", "sse_user_prob": 0.92, "sse_item_prob": 0.1},
+    }
     default_backbone = ""
     other_model = ""  # named in the error for another model's backbone
     other_backbones: tuple[str, ...] = ()
@@ -48,6 +54,14 @@ class DenoisingRecommender(TransformerRecommender):
                     f"{key}={config[key]}; leave {key} unset"
                 )
             config[key] = value
+        for key, value in self.backbone_defaults.get(backbone, {}).items():
+            if config[key] is None:
+                config[key] = value
+        if backbone == "SSE-PT" and not config["user_embedding_size"]:
+            raise ValueError(
+                "backbone=SSE-PT needs user_embedding_size > 0 (its user part of the input); "
+                "leave it unset for half of hidden_size"
+            )
         super().__init__(config, dataset)
 
     def _backbone(self, name) -> str:
@@ -87,7 +101,10 @@ class RecDenoiser(DenoisingRecommender):
       shared core, causal attention; ``backbone: BSARec`` uses BSARec's
       beyond-self-attention layer instead (``alpha``, ``c``, ``beta_type``), and
       ``backbone: TiSASRec`` TiSASRec's time-interval-aware attention (``time_span``;
-      it sets ``time_intervals: True`` and ``input_position_embedding: False``);
+      it sets ``time_intervals: True`` and ``input_position_embedding: False``), and
+      ``backbone: SSE-PT`` SSE-PT's personalised input and score with stochastic shared
+      embeddings (``user_embedding_size``, default half of ``hidden_size``;
+      ``sse_user_prob`` 0.92 and ``sse_item_prob`` 0.1 unless set);
     - differentiable masks ``M = A * Z`` (eq. 5) in every attention layer: ``attention_
       operator: denoise`` (``softmax`` gives the plain backbone, e.g. for the Jacobian
       regulariser alone); ``mask_per_head``, ``mask_sampling``, ``mask_init_prob``;
@@ -101,7 +118,12 @@ class RecDenoiser(DenoisingRecommender):
     SASRec (tests compare it with RecBole's SASRec on shared weights).
     """
 
-    backbones = {"SASRec": "self_attention", "BSARec": "bsa", "TiSASRec": "self_attention"}
+    backbones = {
+        "SASRec": "self_attention",
+        "BSARec": "bsa",
+        "TiSASRec": "self_attention",
+        "SSE-PT": "self_attention",
+    }
     default_backbone = "SASRec"
     other_model = "BERT4RecDenoiser"
     other_backbones = ("BERT4Rec",)
