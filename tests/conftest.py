@@ -170,3 +170,22 @@ def assert_same_as_recbole(model, reference, config, train, test):
             parameter.grad[rows], reference_parameters[name].grad, atol=1e-6, rtol=1e-4
         )
     return shared
+
+
+def assert_all_ones_masks_give_the_backbone(denoiser, backbone, batch):
+    """``denoiser`` (a Rec-Denoiser model) with every mask kept (``sigmoid(Phi)`` = 1)
+    scores ``batch`` as ``backbone`` given the same weights (its state without the
+    mask parameters)."""
+    import torch
+
+    for module in denoiser.modules():
+        if hasattr(module, "phi"):
+            with torch.no_grad():
+                module.phi.fill_(30.0)
+    loaded = backbone.load_state_dict(denoiser.state_dict(), strict=False)
+    assert not loaded.missing_keys and all("phi" in key for key in loaded.unexpected_keys)
+    denoiser.eval(), backbone.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            denoiser.full_sort_predict(batch), backbone.full_sort_predict(batch)
+        )

@@ -9,7 +9,12 @@ import pytest
 import torch
 from recbole.model.sequential_recommender import SASRec
 
-from conftest import assert_same_as_recbole, first_batch, prepare
+from conftest import (
+    assert_all_ones_masks_give_the_backbone,
+    assert_same_as_recbole,
+    first_batch,
+    prepare,
+)
 from recbole_freq.model import BASELINES, MODELS, SSEPT, RecDenoiser
 from recbole_freq.model.abstract_recommender import stochastic_shared
 from recbole_freq.quick_start import run
@@ -141,17 +146,6 @@ def test_recdenoiser_on_ssept_with_all_ones_masks_is_ssept(small_config):
     )
     plain_config, _, _, _ = prepare("SSEPT", shared)
     plain = SSEPT(plain_config, train._dataset)
-    for module in denoiser.modules():
-        if hasattr(module, "phi"):
-            with torch.no_grad():
-                module.phi.fill_(30.0)
-    loaded = plain.load_state_dict(denoiser.state_dict(), strict=False)
-    assert not loaded.missing_keys and all("phi" in k for k in loaded.unexpected_keys)
-    denoiser.eval(), plain.eval()
-    batch = first_batch(test)
-    with torch.no_grad():
-        torch.testing.assert_close(
-            denoiser.full_sort_predict(batch), plain.full_sort_predict(batch)
-        )
+    assert_all_ones_masks_give_the_backbone(denoiser, plain, first_batch(test))
     summary = run("RecDenoiser", "tiny", cmd_overrides=dict(small_config, backbone="SSE-PT"))
     assert summary["epochs_run"] == 2 and summary["model_report"]["learned_masks"]

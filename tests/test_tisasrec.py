@@ -12,7 +12,12 @@ import pytest
 import torch
 from recbole.model.sequential_recommender import SASRec
 
-from conftest import assert_same_as_recbole, first_batch, prepare
+from conftest import (
+    assert_all_ones_masks_give_the_backbone,
+    assert_same_as_recbole,
+    first_batch,
+    prepare,
+)
 from recbole_freq.model import BASELINES, RecDenoiser, TiSASRec
 from recbole_freq.model.layers import KeyValueRelations, attend, attention_probabilities
 from recbole_freq.model.temporal import time_interval_matrix
@@ -228,18 +233,7 @@ def test_recdenoiser_on_tisasrec_with_all_ones_masks_is_tisasrec(timed_config):
     assert denoiser.relations is not None and denoiser.embedding.position_embedding is None
     plain_config, _, _, _ = prepare("TiSASRec", shared, dataset="timed")
     plain = TiSASRec(plain_config, train._dataset)
-    for module in denoiser.modules():
-        if hasattr(module, "phi"):
-            with torch.no_grad():
-                module.phi.fill_(30.0)
-    missing = plain.load_state_dict(denoiser.state_dict(), strict=False)
-    assert not missing.missing_keys and all("phi" in k for k in missing.unexpected_keys)
-    denoiser.eval(), plain.eval()
-    batch = first_batch(test)
-    with torch.no_grad():
-        torch.testing.assert_close(
-            denoiser.full_sort_predict(batch), plain.full_sort_predict(batch)
-        )
+    assert_all_ones_masks_give_the_backbone(denoiser, plain, first_batch(test))
     summary = run(
         "RecDenoiser", "timed", cmd_overrides=dict(timed_config, backbone="TiSASRec", epochs=1)
     )
