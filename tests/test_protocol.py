@@ -490,7 +490,7 @@ def test_all_positions_loss_is_the_per_position_bce(repeat_data, tmp_path):
     "model, extra, reason",
     [
         ("BSARec", {}, "needs a causal model"),
-        ("RecDenoiser", {}, "does not apply RecDenoiser's DenoisingObjective"),
+        ("BERT4RecDenoiser", {}, "does not apply BERT4RecDenoiser's DenoisingObjective"),
     ],
 )
 def test_last_n_all_positions_refuses_what_it_cannot_train(
@@ -611,5 +611,7 @@ def test_fmlprec_protocol_trains_any_model_and_ranks_unseen_items(tiny_data, tmp
 
 def test_bce_refuses_objectives_it_would_drop(tiny_data, tmp_path):
     overrides = settings(tiny_data, tmp_path, train_loss="bce", epochs=1)
-    with pytest.raises(ProtocolError, match="does not apply RecDenoiser's.*use train_loss=model"):
-        run("RecDenoiser", "tiny", cmd_overrides=overrides, saved=False)
+    with pytest.raises(
+        ProtocolError, match="does not apply BERT4RecDenoiser's.*use train_loss=model"
+    ):
+        run("BERT4RecDenoiser", "tiny", cmd_overrides=overrides, saved=False)

@@ -503,3 +503,100 @@ def test_operator_is_registered_for_any_model():
     operator = DenoisingMaskAttention(5, 2, 0.0, estimator="ar", mask_per_head=True)
     assert operator.estimator == "AR" and operator.phi.shape == (2, 5, 5)
     assert torch.allclose(operator.keep_probability(), torch.full((2, 5, 5), 0.9))
+
+
+# --- the paper's loss under the protocols (eq. 4 through DenoisingObjective) -----------------
+
+
+def test_sasrec_protocol_runs_eq_4_through_the_denoising_objective(small_config):
+    """With every mask kept and no regulariser, the objective's loss is the protocol's
+    per-position BCE on the same negatives, and the masks get no gradient (both ARM
+    passes agree)."""
+    from recbole_freq.protocol.rows import POSITION_TARGETS
+    from recbole_freq.protocol.trainer import (
+        all_position_output,
+        item_embedding_weight,
+        objective_loss,
+        position_bce,
+        position_negatives,
+    )
+
+    overrides = dict(small_config, protocol="sasrec", **NO_REGULARISERS, **NO_DROPOUT)
+    config, train, _, _ = prepare("RecDenoiser", overrides)
+    model = RecDenoiser(config, train._dataset)
+    for operator in operators(model):
+        with torch.no_grad():
+            operator.phi.fill_(30.0)
+    batch = first_batch(train)
+    targets = batch[POSITION_TARGETS]
+    negatives = position_negatives(train._dataset, batch, targets, model)
+    model.train()
+    ours = objective_loss(model, batch, targets, negatives, all_positions=True)
+    reference = position_bce(
+        all_position_output(model, batch), targets, negatives, item_embedding_weight(model)
+    )
+    assert ours.item() == pytest.approx(reference.item(), rel=1e-6)
+    ours.backward()
+    assert all(operator.phi.grad.abs().sum() == 0 for operator in operators(model))
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        ({"protocol": "sasrec"}, "none"),
+        ({"train_loss": "bce"}, "none"),
+        ({}, "train_examples"),
+        ({"protocol": "sasrec", "sparsity_normalization": "batch"}, "batch"),
+    ],
+)
+def test_auto_sparsity_scale_is_algorithm_1_under_eq_4(small_config, extra, expected):
+    config, train, _, _ = prepare("RecDenoiser", dict(small_config, sparsity_beta=0.01, **extra))
+    model = RecDenoiser(config, train._dataset)
+    assert model.sparsity_normalization == expected
+    scale = {"none": 1.0, "train_examples": 1 / len(train._dataset), "batch": 1 / 64}[expected]
+    assert all(op.sparsity_scale == pytest.approx(scale) for op in operators(model))
+
+
+def test_masks_learn_from_eq_4_under_the_sasrec_protocol(small_config):
+    """Without any regulariser only the ARM estimate of eq. 4's gradient can reach Phi;
+    it does, and a whole run trains, reports its masks and Algorithm 1's scale."""
+    from recbole_freq.protocol.rows import POSITION_TARGETS
+    from recbole_freq.protocol.trainer import objective_loss, position_negatives
+
+    overrides = dict(small_config, protocol="sasrec", **NO_REGULARISERS)
+    config, train, _, _ = prepare("RecDenoiser", overrides)
+    model = RecDenoiser(config, train._dataset).train()
+    batch = first_batch(train)
+    targets = batch[POSITION_TARGETS]
+    negatives = position_negatives(train._dataset, batch, targets, model)
+    objective_loss(model, batch, targets, negatives, all_positions=True).backward()
+    assert all(operator.phi.grad.abs().sum() > 0 for operator in operators(model))
+
+    summary = run(
+        "RecDenoiser", "tiny", cmd_overrides=dict(small_config, protocol="sasrec", epochs=2)
+    )
+    report = summary["model_report"]
+    assert summary["protocol"]["label"] == "sasrec" and report["sparsity_normalization"] == "none"
+    assert all(np.isfinite(epoch["train_loss"]) for epoch in summary["history"])
+    assert len(report["learned_masks"]) == small_config["n_layers"]
+
+
+@pytest.mark.parametrize(
+    "dataset, length, dropout",
+    [("ml-1m", 50, 0.2), ("amazon-beauty", 25, 0.5), ("lastfm", 25, 0.5)],
+)
+def test_paper_settings_are_section_5_1_4(dataset, length, dropout):
+    """``--paper``: the Rec-Denoiser paper's protocol, n, L, H, ARM, beta and gamma, and
+    SASRec's backbone settings for dense or sparse data."""
+    from recbole_freq.config import FreqConfig
+
+    config = FreqConfig("RecDenoiser", dataset, cmd_overrides={"data_path": "unused"}, paper=True)
+    assert config["protocol"] == "sasrec" and config["MAX_ITEM_LIST_LENGTH"] == length
+    assert (config["n_layers"], config["n_heads"], config["hidden_size"]) == (2, 2, 50)
+    assert config["hidden_dropout_prob"] == config["attn_dropout_prob"] == dropout
+    assert (config["estimator"], config["sparsity_beta"], config["jacobian_gamma"]) == (
+        "ARM",
+        0.01,
+        0.001,
+    )
+    assert config["sparsity_normalization"] == "auto" and config["train_batch_size"] == 128

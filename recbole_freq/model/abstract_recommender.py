@@ -35,6 +35,14 @@ def probability(value, name: str) -> float:
     return number
 
 
+def trains_with_eq_4(config) -> bool:
+    """Whether the run's protocol computes Rec-Denoiser's loss, eq. 4: binary
+    cross-entropy with one negative per target (``train_loss: bce``)."""
+    from recbole_freq.protocol import protocol_settings
+
+    return protocol_settings(config)["train_loss"] == "bce"
+
+
 def stochastic_shared(ids: torch.Tensor, prob: float, n_ids: int) -> torch.Tensor:
     """SSE-SE (Wu et al., NeurIPS 2019), as SSE-PT's sampler applies it: each id replaced
     with probability ``prob`` by one drawn uniformly from ``1 .. n_ids - 1`` (torch's
@@ -139,15 +147,18 @@ class TransformerRecommender(SequentialRecommender):
         """Put every ``denoise`` operator's eq. 8 penalty on the scale of the batch-mean
         loss (``sparsity_normalization``, see ``denoising.sparsity_penalty_scale``); N is the
         number of training rows of ``dataset``, the training split the model is built
-        with."""
+        with.  ``auto`` (the default) is Algorithm 1's ``none`` (beta once per mini-batch)
+        when the protocol trains with Rec-Denoiser's loss, eq. 4's per-position BCE
+        (``train_loss: bce``, e.g. ``--protocol=sasrec``), and ``train_examples`` on the
+        model's own loss (CE over all items), where ``none`` prunes every link."""
         operators = [m for m in self.encoder.modules() if isinstance(m, DenoisingMaskAttention)]
         if not operators:
             return
-        scale = sparsity_penalty_scale(
-            config_value(config, "sparsity_normalization", "train_examples"),
-            len(dataset),
-            config["train_batch_size"],
-        )
+        normalization = config_value(config, "sparsity_normalization", "auto")
+        if normalization == "auto":
+            normalization = "none" if trains_with_eq_4(config) else "train_examples"
+        self.sparsity_normalization = normalization
+        scale = sparsity_penalty_scale(normalization, len(dataset), config["train_batch_size"])
         for operator in operators:
             operator.sparsity_scale = scale
 
@@ -432,6 +443,7 @@ class TransformerRecommender(SequentialRecommender):
         if not masks:
             return {}
         return {
+            "sparsity_normalization": self.sparsity_normalization,
             "learned_masks": [
                 {
                     "layer": entry["layer"],

@@ -14,7 +14,7 @@ from recbole_freq.options import as_number, finite_non_negative
 
 MASK_ESTIMATORS = ("ARM", "AR")
 MASK_SAMPLING = ("batch", "sequence")
-SPARSITY_NORMALIZATIONS = ("train_examples", "batch", "none")
+SPARSITY_NORMALIZATIONS = ("train_examples", "batch", "none")  # and auto, see the model
 
 
 def sparsity_penalty_scale(normalization, train_examples: int, batch_size: int) -> float:
@@ -35,9 +35,10 @@ def sparsity_penalty_scale(normalization, train_examples: int, batch_size: int) 
     """
     if normalization not in SPARSITY_NORMALIZATIONS:
         raise ValueError(
-            f"sparsity_normalization={normalization!r} is unknown; choose 'train_examples' "
-            "(eq. 13 per training row: beta / N), 'batch' (beta / train_batch_size) or "
-            "'none' (beta added as is to the batch-mean loss)"
+            f"sparsity_normalization={normalization!r} is unknown; choose 'auto' (none "
+            "under eq. 4's BCE, else train_examples), 'train_examples' (eq. 13 per training "
+            "row: beta / N), 'batch' (beta / train_batch_size) or 'none' (beta added as is "
+            "to the batch-mean loss, Algorithm 1)"
         )
     if normalization == "none":
         return 1.0

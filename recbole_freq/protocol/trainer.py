@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from recbole_freq.protocol import ALL_POSITIONS, ProtocolError, protocol_settings
 from recbole_freq.protocol.rows import (
@@ -89,6 +90,8 @@ class ProtocolTrainer:
             self._causality_checked = True
         targets = interaction[POSITION_TARGETS]
         negatives = position_negatives(self._train_items, interaction, targets, model)
+        if drives_objective(model):
+            return objective_loss(model, interaction, targets, negatives, all_positions=True)
         output = all_position_output(model, interaction)
         return position_bce(output, targets, negatives, item_embedding_weight(model))
 
@@ -101,6 +104,10 @@ class ProtocolTrainer:
         item_seq = interaction[model.ITEM_SEQ]
         targets = interaction[model.POS_ITEM_ID]
         negatives = row_negatives(item_seq, targets, model.n_items)
+        if drives_objective(model):
+            return objective_loss(
+                model, interaction, targets[:, None], negatives[:, None], all_positions=False
+            )
         output = model.forward(
             item_seq, interaction[model.ITEM_SEQ_LEN], **sequence_inputs(model, interaction)
         )
@@ -222,12 +229,58 @@ def _bce_way_out(config) -> str:
     return "use train_loss=model"
 
 
+def drives_objective(model) -> bool:
+    """Whether the protocol's binary cross-entropy goes through the model's own training
+    objective: a core model whose objective is Rec-Denoiser's ``DenoisingObjective``
+    (masks learned by ARM / AR, the Jacobian term), which the protocol runs on its loss
+    (``objective_loss``)."""
+    objective = getattr(model, "objective", None)
+    return (
+        objective is not None
+        and type(objective).__name__ == "DenoisingObjective"
+        and callable(getattr(model, "run_encoder", None))
+        and callable(getattr(model, "readout", None))
+        and not getattr(model, "bidirectional", False)
+    )
+
+
+def objective_loss(model, interaction, targets, negatives, all_positions: bool):
+    """Rec-Denoiser eq. 13 with eq. 4 as ``L``: the protocol's binary cross-entropy
+    (every target position, or the last one) run through the model's
+    ``DenoisingObjective``, so the masks learn from this loss and the Jacobian term
+    sees the same pass.  The negatives are drawn once, outside the passes, so both ARM
+    passes score the same items."""
+    from recbole_freq.model.objectives import DenoisingPass
+
+    item_seq = interaction[model.ITEM_SEQ]
+    inputs = sequence_inputs(model, interaction)
+    weight = item_embedding_weight(model)
+    lengths = interaction[model.ITEM_SEQ_LEN]
+    scored = targets > 0
+    count = scored.sum().clamp(min=1)
+
+    def run_pass():
+        block_inputs, block_outputs = model.run_encoder(item_seq, **inputs)
+        hidden = block_outputs[-1]
+        if not all_positions:
+            hidden = model.gather_indexes(hidden, lengths - 1)[:, None]
+        output = model.readout(hidden, **inputs)
+        positive = (output * weight[targets]).sum(-1)
+        negative = (output * weight[negatives]).sum(-1)
+        losses = (F.softplus(-positive) + F.softplus(negative)) * scored
+        return DenoisingPass(losses.sum(-1) / count, block_inputs, block_outputs, item_seq != 0)
+
+    return model.objective(model.encoder, run_pass)
+
+
 def check_plain_objective(model, config) -> None:
     """The binary cross-entropy is computed here, not by the model: a model whose
-    training objective adds more (Rec-Denoiser's masks and Jacobian term, the
-    contrastive terms of PolyRec, DuoRec, CL4SRec and FEARec) would silently lose it, so it is
-    refused."""
+    training objective adds more (the contrastive terms of PolyRec, DuoRec, CL4SRec and
+    FEARec) would silently lose it, so it is refused.  Rec-Denoiser's objective is run
+    on this loss instead (``drives_objective``)."""
     objective = getattr(model, "objective", None)
+    if drives_objective(model):
+        objective = None
     if objective is not None and type(objective).__name__ != "PlainObjective":
         raise ProtocolError(
             f"{_bce_source(config)}, which does not apply {config['model']}'s "
@@ -377,8 +430,6 @@ def position_negatives(train_dataset, interaction, targets, model) -> torch.Tens
 def position_bce(output, targets, negatives, item_weight) -> torch.Tensor:
     """Mean over target positions of ``softplus(-r_pos) + softplus(r_neg)``, i.e.
     ``-log s(r_pos) - log(1 - s(r_neg))``."""
-    import torch.nn.functional as F
-
     positions = targets > 0
     hidden = output[positions]
     positive = (hidden * item_weight[targets[positions]]).sum(-1)
