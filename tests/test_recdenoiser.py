@@ -600,3 +600,36 @@ def test_paper_settings_are_section_5_1_4(dataset, length, dropout):
         0.001,
     )
     assert config["sparsity_normalization"] == "auto" and config["train_batch_size"] == 128
+
+
+def test_pruned_fractions_per_layer_and_head_reach_the_comparison_table(small_config, tmp_path):
+    """The run summary keeps each layer's pruned fraction (and each head's with
+    ``mask_per_head``); a comparison's table states them per model, averaged over seeds."""
+    from recbole_freq.cli import main
+
+    out = tmp_path / "cmp"
+    overrides = {
+        **{k: v for k, v in small_config.items() if k != "seed"},
+        "epochs": 1,
+        "mask_per_head": True,
+        "mask_init_prob": 0.6,
+        "sparsity_beta": 1.0,
+        "sparsity_normalization": "none",
+    }
+    argv = ["--compare", "RecDenoiser,SASRec", "--dataset=tiny", "--seeds", "3,4"]
+    assert main([*argv, "--out", str(out), *(f"--{k}={v}" for k, v in overrides.items())]) == 0
+    fractions = []
+    for seed in (3, 4):
+        record = json.loads((out / "runs" / f"RecDenoiser-seed{seed}.json").read_text())
+        layers = record["summary"]["model_report"]["learned_masks"]
+        assert [len(entry["pruned_fraction_per_head"]) for entry in layers] == [2, 2]
+        for entry in layers:  # heads have the same number of allowed links
+            assert entry["pruned_fraction"] == pytest.approx(
+                np.mean(entry["pruned_fraction_per_head"])
+            )
+        fractions.append([entry["pruned_fraction"] for entry in layers])
+    table = (out / "comparison.md").read_text()
+    mean = np.mean(fractions, axis=0)
+    expected = f"RecDenoiser layer 0 {mean[0]:.1%}, layer 1 {mean[1]:.1%}"
+    assert "Attention links pruned by the learned masks" in table and expected in table
+    assert "SASRec layer" not in table

@@ -19,9 +19,11 @@ DEFAULT_METRICS = tuple(f"{name}@{k}" for name in ("hit", "ndcg") for k in (5, 1
 # sampled protocol's papers (Rec-Denoiser, SASRec) report @10 only.
 DEFAULT_EXTRA_MODE_METRICS = ("hit@10", "ndcg@10")
 RUN_FORMAT = 1
-# Summary parts that are not needed for the tables; quick_start still writes the full
-# summary next to the checkpoint (``summary_file``).
+# Summary parts that are not needed for the tables (of the model report: the learned mask
+# matrices; their pruned fractions stay); quick_start still writes the full summary next
+# to the checkpoint (``summary_file``).
 DROPPED_SUMMARY_KEYS = ("model_report",)
+DROPPED_MASK_KEYS = ("mask",)
 # Keys the comparison sets itself, per run.
 RESERVED_OVERRIDES = ("model", "dataset", "seed")
 
@@ -144,6 +146,15 @@ def check_out_dir(out: Path, settings: dict) -> None:
 
 def _store_run(out: Path, settings: dict, model: str, seed: int, summary: dict) -> Path:
     kept = {key: value for key, value in summary.items() if key not in DROPPED_SUMMARY_KEYS}
+    report = summary.get("model_report") or {}
+    if report.get("learned_masks"):
+        kept["model_report"] = {
+            **{key: value for key, value in report.items() if key != "learned_masks"},
+            "learned_masks": [
+                {key: value for key, value in entry.items() if key not in DROPPED_MASK_KEYS}
+                for entry in report["learned_masks"]
+            ],
+        }
     record = {
         "format": RUN_FORMAT,
         "model": model,

@@ -185,6 +185,18 @@ def improvement(value: float, baseline: float, smaller_better: bool = False) -> 
     return -change if smaller_better else change
 
 
+def pruned_fractions(summaries) -> list[float] | None:
+    """Per attention layer, the share of links the learned masks prune (Rec-Denoiser's
+    inference masks), averaged over the runs; ``None`` for a model without masks."""
+    layers = [
+        [entry["pruned_fraction"] for entry in s.get("model_report", {}).get("learned_masks", [])]
+        for s in summaries
+    ]
+    if not layers or not all(layers) or len({len(x) for x in layers}) != 1:
+        return None
+    return [float(value) for value in np.mean(layers, axis=0)]
+
+
 def summarise(records: dict, models, seeds, metrics, baselines) -> list[dict]:
     """One row per model: mean/std per metric and, for proposed models, improvement over
     the best baseline per metric and the paired t-test against it."""
@@ -209,6 +221,7 @@ def summarise(records: dict, models, seeds, metrics, baselines) -> list[dict]:
             train_seconds_per_epoch_std=_std(seconds),
             epochs_run_mean=float(np.mean(epochs)),
             parameters=int(summaries[0]["parameters"]),
+            pruned_fractions=pruned_fractions(summaries),
         )
         rows.append(row)
 
@@ -351,6 +364,22 @@ def markdown_table(rows, metrics, dataset, seeds, protocol: str = "", correction
             )
     else:
         notes.append("No Improv. rows: the comparison has no baseline or no proposed model.")
+    masked = [row for row in rows if row.get("pruned_fractions")]
+    if masked:
+        notes.append(
+            "Attention links pruned by the learned masks (inference masks, share of the "
+            "allowed links per layer"
+            + (", mean over seeds" if spread else "")
+            + "): "
+            + "; ".join(
+                f"{row['model']} "
+                + ", ".join(
+                    f"layer {i} {value:.1%}" for i, value in enumerate(row["pruned_fractions"])
+                )
+                for row in masked
+            )
+            + "."
+        )
     if protocol:
         notes.append(protocol)
     return "\n".join(lines + notes) + "\n"

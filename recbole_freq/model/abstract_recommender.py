@@ -448,9 +448,10 @@ class TransformerRecommender(SequentialRecommender):
                 {
                     "layer": entry["layer"],
                     "pruned_fraction": entry["pruned_fraction"],
+                    "pruned_fraction_per_head": entry["pruned_fraction_per_head"],
                     "prediction_row_pruned_fraction": entry["prediction_row_pruned_fraction"],
                     "mask": entry["mask"].numpy().round(4).tolist(),
                 }
                 for entry in masks
-            ]
+            ],
         }

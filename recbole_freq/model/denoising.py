@@ -263,7 +263,8 @@ def learned_masks(encoder: nn.Module, bidirectional: bool) -> list[dict]:
     left-padded sequences: index ``n - 1`` is the most recent item, whose row is the
     one that predicts the next item (see ``mask_alignment_index``); links the
     causal mask forbids are 0.  ``pruned_fraction``: share of the allowed links that
-    the inference mask removes; ``prediction_row_pruned_fraction`` the same for row
+    the inference mask removes (``pruned_fraction_per_head``: per head's mask, one
+    entry unless ``mask_per_head``); ``prediction_row_pruned_fraction`` the same for row
     ``n - 1`` (which past items the prediction may use).
     """
     masks = []
@@ -280,12 +281,14 @@ def learned_masks(encoder: nn.Module, bidirectional: bool) -> list[dict]:
             allowed = allowed.tril()
         mask = mask * allowed
         kept = (mask > 0) & allowed
+        per_head = 1.0 - kept.flatten(1).sum(1) / allowed.flatten(1).sum(1)
         masks.append(
             {
                 "layer": layer,
                 "mask": mask,
                 "keep_probability": keep * allowed,
                 "pruned_fraction": 1.0 - kept.sum().item() / allowed.sum().item(),
+                "pruned_fraction_per_head": [float(value) for value in per_head],
                 "prediction_row_pruned_fraction": 1.0
                 - kept[:, -1].sum().item() / allowed[:, -1].sum().item(),
             }
