@@ -21,6 +21,8 @@ import argparse
 import json
 from pathlib import Path
 
+from common import run_grid_then_report
+
 from recbole_freq.files import plain_value, write_atomic
 
 HERE = Path(__file__).resolve().parent
@@ -188,13 +190,7 @@ def main(argv=None):
     parser.add_argument("--report", action="store_true", help="only write the table and figure")
     args = parser.parse_args(argv)
     args.betas = [float(b) for b in args.betas.split(",") if b]
-    folder = Path(args.out) / args.dataset
-    folder.mkdir(parents=True, exist_ok=True)
-    if not args.report:
-        import recbole_freq  # noqa: F401  (compatibility fixes)
-
-        run_sweep(args, folder)
-    print(report(folder, args.dataset))
+    run_grid_then_report(args, run_sweep, report)
 
 
 if __name__ == "__main__":

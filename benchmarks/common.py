@@ -45,3 +45,16 @@ def write_results(out, stem: str, markdown: str, data: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / f"{stem}.md", markdown.rstrip("\n") + "\n")
     write_atomic(out / f"{stem}.json", json.dumps(data, indent=2) + "\n")
+
+
+def run_grid_then_report(args, run, report) -> None:
+    """The resumable grids (noise curve, beta sweep): runs go into ``<out>/<dataset>/``,
+    one JSON each; ``run(args, folder)`` adds the missing ones unless ``--report``, then
+    ``report(folder, dataset)`` prints (and writes) the table from what is there."""
+    folder = Path(args.out) / args.dataset
+    folder.mkdir(parents=True, exist_ok=True)
+    if not args.report:
+        import recbole_freq  # noqa: F401  (compatibility fixes)
+
+        run(args, folder)
+    print(report(folder, args.dataset))

@@ -18,6 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
+from common import run_grid_then_report
+
 from recbole_freq.files import plain_value, write_atomic
 
 HERE = Path(__file__).resolve().parent
@@ -170,13 +172,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     args.ratios = [float(r) for r in args.ratios.split(",") if r]
-    folder = Path(args.out) / args.dataset
-    folder.mkdir(parents=True, exist_ok=True)
-    if not args.report:
-        import recbole_freq  # noqa: F401  (compatibility fixes)
-
-        run_grid(args, folder)
-    print(report(folder, args.dataset))
+    run_grid_then_report(args, run_grid, report)
 
 
 if __name__ == "__main__":

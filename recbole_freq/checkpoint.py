@@ -237,7 +237,7 @@ def _check_sizes_before_building(config, state: dict, path) -> None:
             hidden = config["hidden_size"] or config["embedding_size"]
             # SSE-PT's input: item and user embeddings side by side fill the hidden size
             user = state.get(name.replace("item_embedding", "user_embedding"))
-            width = tensor.shape[1] + (user.shape[1] if getattr(user, "dim", None) else 0)
+            width = tensor.shape[1] + (user.shape[1] if user is not None and user.dim() == 2 else 0)
             if hidden is not None and hidden != width:
                 problems.append(f"hidden_size={hidden!r} but {name} is {tuple(tensor.shape)}")
     if problems:
