@@ -1,16 +1,22 @@
-"""Rec-Denoiser's sparsity weight beta against what the masks prune and what accuracy
-keeps (issue: Rec-Denoiser that denoises).
+"""Rec-Denoiser's sparsity weight beta (or another of its settings, ``--vary``) against
+what the masks prune and what accuracy keeps (issue: Rec-Denoiser that denoises).
 
     python benchmarks/beta_sweep.py --dataset lastfm --data_path /tmp/data
     python benchmarks/beta_sweep.py --dataset lastfm --report
+    python benchmarks/beta_sweep.py --dataset lastfm --set mask_learning_rate=0.01 \
+        --out benchmarks/results/beta-sweep-mask-lr-0.01
+    python benchmarks/beta_sweep.py --dataset lastfm --vary jacobian_gamma \
+        --values 0,2e-5,1e-4,1e-3 --set sparsity_beta=0 --out ...
+
+``--set KEY=VALUE`` (repeatable) fixes another setting for every run of the sweep.
 
 Each run is ``RecDenoiser`` with the paper's settings for the dataset (``--paper``:
 ``properties/paper/RecDenoiser/<dataset>.yaml``, protocol ``sasrec``: eq. 4's BCE through
 the denoising objective, ``sparsity_normalization: auto`` = Algorithm 1's once per
-mini-batch), only ``sparsity_beta`` changed, trained to early stopping (or ``--epochs``),
+mini-batch), only the varied setting changed, trained to early stopping (or ``--epochs``),
 tested against 100 unseen negatives.  ``--reference SASRec`` adds RecBole's SASRec with
 the same sizes and protocol.  Every run writes its own JSON into ``--out/<dataset>/``,
-so the sweep resumes where it stopped (a finished beta is skipped; an unfinished run
+so the sweep resumes where it stopped (a finished value is skipped; an unfinished run
 continues from its resume state).  ``--report`` writes the Markdown table and the
 figure (pruned fraction against test NDCG@10) from what is there.
 """
@@ -21,6 +27,7 @@ import argparse
 import json
 from pathlib import Path
 
+import yaml
 from common import run_grid_then_report
 
 from recbole_freq.files import plain_value, write_atomic
@@ -47,8 +54,9 @@ def run_file(folder: Path, name: str) -> Path:
     return folder / f"{name}.json"
 
 
-def beta_name(beta: float) -> str:
-    return f"RecDenoiser-beta{beta:g}"
+def run_name(key: str, value: float) -> str:
+    short = "beta" if key == "sparsity_beta" else key
+    return f"RecDenoiser-{short}{value:g}"
 
 
 def store(target: Path, summary: dict, extra: dict) -> None:
@@ -61,7 +69,10 @@ def store(target: Path, summary: dict, extra: dict) -> None:
             "estimator",
             "sparsity_beta",
             "sparsity_normalization",
+            "mask_learning_rate",
+            "mask_init_prob",
             "jacobian_gamma",
+            "jacobian_normalization",
             "learning_rate",
             "train_batch_size",
             "epochs",
@@ -80,21 +91,25 @@ def run_sweep(args, folder: Path) -> None:
     from recbole_freq.quick_start import run
 
     common = {"data_path": args.data_path, "show_progress": False, "seed": args.seed}
+    denoiser = dict(args.settings)  # --set: every RecDenoiser run, not the reference
     if args.epochs:
         common["epochs"] = args.epochs
-    checkpoints = Path(args.checkpoint_dir) / args.dataset
-    for beta in args.betas:
-        target = run_file(folder, beta_name(beta))
+    # One folder per sweep, so that two sweeps never resume each other's runs.
+    checkpoints = Path(args.checkpoint_dir) / Path(args.out).name / args.dataset
+    for value in args.values:
+        name = run_name(args.vary, value)
+        target = run_file(folder, name)
         if target.exists():
             print(f"done already: {target.name}")
             continue
-        overrides = dict(common, sparsity_beta=beta, checkpoint_dir=str(checkpoints))
-        resume = checkpoints / "partial" / f"{beta_name(beta)}.resume.pth"
+        overrides = dict(common, **denoiser, checkpoint_dir=str(checkpoints))
+        overrides[args.vary] = value
+        resume = checkpoints / "partial" / f"{name}.resume.pth"
         resume.parent.mkdir(parents=True, exist_ok=True)
         summary = run(
             "RecDenoiser", args.dataset, cmd_overrides=overrides, paper=True, resume_file=resume
         )
-        store(target, summary, {"beta": beta})
+        store(target, summary, {"vary": args.vary, "value": value})
     if args.reference:
         target = run_file(folder, args.reference)
         if target.exists():
@@ -108,13 +123,20 @@ def run_sweep(args, folder: Path) -> None:
         resume = checkpoints / "partial" / f"{args.reference}.resume.pth"
         resume.parent.mkdir(parents=True, exist_ok=True)
         summary = run(args.reference, args.dataset, cmd_overrides=overrides, resume_file=resume)
-        store(target, summary, {"beta": None})
+        store(target, summary, {"vary": None, "value": None})
 
 
 def pruned(run: dict) -> list[float]:
     """Pruned fraction of each layer's learned mask (empty for a model without masks)."""
     masks = run.get("model_report", {}).get("learned_masks", [])
     return [entry["pruned_fraction"] for entry in masks]
+
+
+def varied(run: dict) -> tuple[str | None, float | None]:
+    """The setting a run varied and its value (runs stored before ``--vary``: the beta)."""
+    if "value" in run:
+        return run["vary"], run["value"]
+    return ("sparsity_beta" if run["beta"] is not None else None), run["beta"]
 
 
 def report(folder: Path, dataset: str) -> str:
@@ -126,28 +148,31 @@ def report(folder: Path, dataset: str) -> str:
     runs = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
     if not runs:
         raise SystemExit(f"no runs in {folder}")
-    sweep = sorted((r for r in runs if r["beta"] is not None), key=lambda r: r["beta"])
-    references = [r for r in runs if r["beta"] is None]
+    sweep = sorted((r for r in runs if varied(r)[1] is not None), key=lambda r: varied(r)[1])
+    references = [r for r in runs if varied(r)[1] is None]
     example = (sweep or runs)[0]
+    key = varied(example)[0] or "sparsity_beta"
+    label = "beta" if key == "sparsity_beta" else key
     lines = [
         f"dataset {dataset}; protocol {example['protocol']['label']} (test: 100 unseen "
         f"negatives); seed {example['seed']}; device {example['device']}; each run to early "
         f"stopping on valid {example['valid_metric']} (at most "
         f"{example['settings']['epochs']} epochs, stopping_step "
         f"{example['settings']['stopping_step']}); RecDenoiser settings: "
-        f"{ {k: v for k, v in example['settings'].items() if k != 'sparsity_beta'} }",
+        f"{ {k: v for k, v in example['settings'].items() if k != key} }",
         "",
-        "| model | beta | pruned per layer | "
+        f"| model | {label} | pruned per layer | "
         + " | ".join(METRICS)
         + " | best epoch / epochs | s/epoch |",
         "|---|---|---|" + "---|" * len(METRICS) + "---|---|",
     ]
     for r in references + sweep:
         fractions = ", ".join(f"{f:.3f}" for f in pruned(r)) or "-"
-        beta = "-" if r["beta"] is None else f"{r['beta']:g}"
+        value = varied(r)[1]
+        shown = "-" if value is None else f"{value:g}"
         values = " | ".join(f"{r['test_result'][m]:.4f}" for m in METRICS)
         lines.append(
-            f"| {r['model']} | {beta} | {fractions} | {values} | "
+            f"| {r['model']} | {shown} | {fractions} | {values} | "
             f"{r['best_epoch']} / {r['epochs_run']} | {r['train_seconds_per_epoch']:.1f} |"
         )
     text = "\n".join(lines)
@@ -157,12 +182,14 @@ def report(folder: Path, dataset: str) -> str:
     ys = [r["test_result"]["ndcg@10"] for r in sweep]
     axis.plot(xs, ys, marker="o", label="RecDenoiser")
     for x, y, r in zip(xs, ys, sweep):
-        axis.annotate(f"beta {r['beta']:g}", (x, y), textcoords="offset points", xytext=(4, 4))
+        axis.annotate(
+            f"{label} {varied(r)[1]:g}", (x, y), textcoords="offset points", xytext=(4, 4)
+        )
     for r in references:
         axis.axhline(r["test_result"]["ndcg@10"], linestyle="--", color="grey", label=r["model"])
     axis.set_xlabel("attention links pruned (%, mean over layers)")
     axis.set_ylabel("test NDCG@10 (100 unseen negatives)")
-    axis.set_title(f"Rec-Denoiser's beta on {dataset}")
+    axis.set_title(f"Rec-Denoiser's {label} on {dataset}")
     axis.legend()
     figure.tight_layout()
     write_atomic(
@@ -179,7 +206,10 @@ def main(argv=None):
     )
     parser.add_argument("--dataset", default="lastfm")
     parser.add_argument("--data_path", default="dataset/")
-    parser.add_argument("--betas", default=",".join(f"{b:g}" for b in BETAS))
+    parser.add_argument("--vary", default="sparsity_beta", help="the setting swept")
+    parser.add_argument(
+        "--values", "--betas", default=",".join(f"{b:g}" for b in BETAS), help="its values"
+    )
     parser.add_argument("--reference", default="SASRec", help="baseline run ('' for none)")
     parser.add_argument("--epochs", type=int, default=0, help="0: the protocol's budget")
     parser.add_argument("--seed", type=int, default=2020)
@@ -187,9 +217,22 @@ def main(argv=None):
     parser.add_argument(
         "--checkpoint_dir", default="saved/beta-sweep", help="checkpoints and resume states"
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a RecDenoiser setting for every run (repeatable), e.g. mask_learning_rate=0.01",
+    )
     parser.add_argument("--report", action="store_true", help="only write the table and figure")
     args = parser.parse_args(argv)
-    args.betas = [float(b) for b in args.betas.split(",") if b]
+    args.values = [float(value) for value in args.values.split(",") if value]
+    args.settings = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--set {item!r}: write KEY=VALUE, e.g. mask_learning_rate=0.1")
+        args.settings[key] = yaml.safe_load(value)
     run_grid_then_report(args, run_sweep, report)
 
 

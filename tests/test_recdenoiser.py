@@ -21,6 +21,7 @@ from recbole_freq.model.denoising import (
 from recbole_freq.model.encoder import build_encoder
 from recbole_freq.model.layers import attention_probabilities, build_attention_mask
 from recbole_freq.model.objectives import DenoisingObjective, DenoisingPass, jacobian_norm_estimate
+from recbole_freq.protocol import protocol_trainer
 from recbole_freq.quick_start import run
 
 NO_REGULARISERS = {"sparsity_beta": 0.0, "jacobian_gamma": 0.0}
@@ -178,9 +179,10 @@ def test_jacobian_estimator_matches_exact_frobenius_norm_and_is_differentiable()
     assert block.mixer.attention.qkv.weight.grad.abs().sum() > 0
 
 
-def test_jacobian_penalty_is_per_position_by_default_or_per_sequence():
+def test_jacobian_penalty_is_per_entry_by_default_or_per_position_or_per_sequence():
     """``position`` divides each sequence's ``||J||_F^2`` by its real positions, so gamma
-    does not grow with the sequence length; ``sequence`` keeps the whole block's norm."""
+    does not grow with the sequence length; ``entry`` (default) also by the width d;
+    ``sequence`` keeps the whole block's norm."""
     encoder = tiny_encoder(estimator="AR")
     encoder.eval()
     item_seq = torch.tensor([[1, 2, 3], [4, 5, 0], [6, 0, 0]])
@@ -192,7 +194,7 @@ def test_jacobian_penalty_is_per_position_by_default_or_per_sequence():
     torch.manual_seed(11)
     per_sequence = jacobian_norm_estimate(hidden, output, positions, n_projections=3)
     penalties = {}
-    for normalization in ("position", "sequence"):
+    for normalization in ("entry", "position", "sequence"):
         objective = DenoisingObjective(0.1, 3, normalization)
         torch.manual_seed(11)  # the same projections
         penalties[normalization] = objective.jacobian_penalty(result)
@@ -200,7 +202,8 @@ def test_jacobian_penalty_is_per_position_by_default_or_per_sequence():
     torch.testing.assert_close(
         penalties["position"], (per_sequence / torch.tensor([3.0, 2.0, 1.0])).mean()
     )
-    assert DenoisingObjective(0.1).jacobian_normalization == "position"
+    torch.testing.assert_close(penalties["entry"], penalties["position"] / 4)
+    assert DenoisingObjective(0.1).jacobian_normalization == "entry"
     with pytest.raises(ValueError, match="jacobian_normalization='token' is unknown"):
         DenoisingObjective(0.1, 1, "token")
 
@@ -483,6 +486,8 @@ def recdenoiser_setup(small_config):
         ("sparsity_normalization", "epoch", "sparsity_normalization='epoch' is unknown"),
         ("jacobian_normalization", "block", "jacobian_normalization='block' is unknown"),
         ("loss_type", "BCE", "needs sampled negatives"),
+        ("mask_learning_rate", 0, "mask_learning_rate=0 must be a number > 0"),
+        ("mask_learning_rate", "fast", "mask_learning_rate='fast' must be a number > 0"),
     ],
 )
 def test_bad_model_settings_are_rejected_with_the_fix(recdenoiser_setup, key, value, message):
@@ -579,6 +584,41 @@ def test_masks_learn_from_eq_4_under_the_sasrec_protocol(small_config):
     assert summary["protocol"]["label"] == "sasrec" and report["sparsity_normalization"] == "none"
     assert all(np.isfinite(epoch["train_loss"]) for epoch in summary["history"])
     assert len(report["learned_masks"]) == small_config["n_layers"]
+
+
+def largest_mask_step(small_config, **extra) -> tuple[float, float]:
+    """Largest change of any mask logit Phi over one epoch of real training under the
+    sasrec protocol, and the most Adam moves a parameter at learning_rate in as many steps."""
+    overrides = dict(small_config, protocol="sasrec", sparsity_beta=1.0, jacobian_gamma=0.0)
+    config, train, valid, _ = prepare("RecDenoiser", dict(overrides, **extra))
+    model = RecDenoiser(config, train._dataset)
+    before = [operator.phi.detach().clone() for operator in operators(model)]
+    trainer = protocol_trainer(config, model)
+    trainer._train_epoch(train, 0)
+    moved = max(
+        (operator.phi.detach() - start).abs().max().item()
+        for operator, start in zip(operators(model), before)
+    )
+    steps = int(trainer.optimizer.state[operators(model)[0].phi]["step"])
+    return moved, config["learning_rate"] * steps
+
+
+def test_mask_learning_rate_lets_the_masks_move_faster_than_the_backbone(small_config):
+    """Adam moves a parameter about one learning rate per step whatever its gradient's
+    scale, so at learning_rate the masks cannot reach the pruning threshold on a small
+    dataset; mask_learning_rate gives Phi its own rate and nothing else changes."""
+    moved, backbone_reach = largest_mask_step(small_config)
+    assert moved <= 1.05 * backbone_reach
+    faster, backbone_reach = largest_mask_step(small_config, mask_learning_rate=0.1)
+    assert faster > 10 * backbone_reach
+
+    config, train, _, _ = prepare("RecDenoiser", dict(small_config, mask_learning_rate=0.1))
+    model = RecDenoiser(config, train._dataset)
+    groups = protocol_trainer(config, model).optimizer.param_groups
+    assert [group["lr"] for group in groups] == [config["learning_rate"], 0.1]
+    phis = {id(operator.phi) for operator in operators(model)}
+    assert {id(p) for p in groups[1]["params"]} == phis
+    assert sum(len(group["params"]) for group in groups) == len(list(model.parameters()))
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 import torch.nn.functional as F
@@ -138,7 +139,7 @@ class TransformerRecommender(SequentialRecommender):
             self.encoder,
             config_value(config, "jacobian_gamma", 0.0),
             config_value(config, "jacobian_projections", 1),
-            config_value(config, "jacobian_normalization", "position"),
+            config_value(config, "jacobian_normalization", "entry"),
         )
         self.build_head(config)
         self.apply(lambda module: init_weights(module, self.initializer_range))
@@ -161,6 +162,32 @@ class TransformerRecommender(SequentialRecommender):
         scale = sparsity_penalty_scale(normalization, len(dataset), config["train_batch_size"])
         for operator in operators:
             operator.sparsity_scale = scale
+        rate = config_value(config, "mask_learning_rate", None)
+        if rate is not None:
+            number = as_number(rate)
+            if isinstance(rate, bool) or not 0.0 < number < math.inf:
+                raise ValueError(
+                    f"mask_learning_rate={rate!r} must be a number > 0: the optimizer's "
+                    "learning rate for the masks' Phi (unset: learning_rate), e.g. 0.1"
+                )
+            rate = number
+        self.mask_learning_rate = rate
+
+    def optimizer_parameter_groups(self) -> list[dict] | None:
+        """Parameter groups for the trainer's optimizer (``ProtocolTrainer``), or None
+        for one group at ``learning_rate``: with ``mask_learning_rate`` set, the ``denoise``
+        masks' ``Phi`` get their own rate.  Why: under Adam a parameter moves about one
+        learning rate per step whatever its gradient's scale, so at ``learning_rate``
+        0.001 a mask needs more than 2,000 steps to fall from its initial keep probability
+        0.9 (``Phi`` 2.2) to the pruning threshold 0.5 (``Phi`` 0), more than a small
+        dataset trains to early stopping; the paper trains ``Phi`` and ``Theta`` jointly
+        (Algorithm 1) and gives no rate for ``Phi``."""
+        if getattr(self, "mask_learning_rate", None) is None:
+            return None
+        masks = [m.phi for m in self.encoder.modules() if isinstance(m, DenoisingMaskAttention)]
+        chosen = {id(parameter) for parameter in masks}
+        rest = [parameter for parameter in self.parameters() if id(parameter) not in chosen]
+        return [{"params": rest}, {"params": masks, "lr": self.mask_learning_rate}]
 
     def build_head(self, config) -> None:
         """Output layers beyond the item embedding (none by default)."""
@@ -444,6 +471,7 @@ class TransformerRecommender(SequentialRecommender):
             return {}
         return {
             "sparsity_normalization": self.sparsity_normalization,
+            "mask_learning_rate": self.mask_learning_rate,
             "learned_masks": [
                 {
                     "layer": entry["layer"],

@@ -69,6 +69,16 @@ class ProtocolTrainer:
             )
             self._unrounded_evaluator = Evaluator(view)
 
+    def _build_optimizer(self, **kwargs):
+        # A model may give parameter groups with their own learning rates (Rec-Denoiser's
+        # mask_learning_rate); RecBole's optimizers take them as `params`.
+        groups = getattr(self.model, "optimizer_parameter_groups", None)
+        if "params" not in kwargs and groups is not None:
+            chosen = groups()
+            if chosen is not None:
+                kwargs["params"] = chosen
+        return super()._build_optimizer(**kwargs)
+
     def _train_epoch(self, train_data, epoch_idx, loss_func=None, show_progress=False):
         if self.train_loss == "bce" and loss_func is None:
             self._train_items = train_data._dataset
