@@ -28,25 +28,12 @@ import json
 from pathlib import Path
 
 import yaml
-from common import run_grid_then_report
+from common import PAPER_BACKBONE_KEYS, paper_reference_overrides, run_grid_then_report
 
 from recbole_freq.files import plain_value, write_atomic
 
 HERE = Path(__file__).resolve().parent
 BETAS = [0.0, 1e-4, 1e-3, 1e-2, 1e-1, 1.0]
-# The backbone sizes of the paper file, given to the reference model too.
-SHARED = (
-    "protocol",
-    "MAX_ITEM_LIST_LENGTH",
-    "n_layers",
-    "n_heads",
-    "hidden_size",
-    "inner_size",
-    "hidden_act",
-    "layer_norm_eps",
-    "hidden_dropout_prob",
-    "attn_dropout_prob",
-)
 METRICS = ["hit@10", "ndcg@10", "hit@20", "ndcg@20"]
 
 
@@ -64,7 +51,7 @@ def store(target: Path, summary: dict, extra: dict) -> None:
     kept.update(extra)
     kept["settings"] = {
         key: summary["config"].get(key)
-        for key in SHARED
+        for key in PAPER_BACKBONE_KEYS
         + (
             "estimator",
             "sparsity_beta",
@@ -87,7 +74,6 @@ def store(target: Path, summary: dict, extra: dict) -> None:
 
 
 def run_sweep(args, folder: Path) -> None:
-    from recbole_freq.config import FreqConfig
     from recbole_freq.quick_start import run
 
     common = {"data_path": args.data_path, "show_progress": False, "seed": args.seed}
@@ -115,11 +101,8 @@ def run_sweep(args, folder: Path) -> None:
         if target.exists():
             print(f"done already: {target.name}")
             return
-        paper = FreqConfig(
-            "RecDenoiser", args.dataset, cmd_overrides={"data_path": args.data_path}, paper=True
-        )
         overrides = dict(common, checkpoint_dir=str(checkpoints))
-        overrides.update({key: paper[key] for key in SHARED})
+        overrides.update(paper_reference_overrides(args.dataset, args.data_path))
         resume = checkpoints / "partial" / f"{args.reference}.resume.pth"
         resume.parent.mkdir(parents=True, exist_ok=True)
         summary = run(args.reference, args.dataset, cmd_overrides=overrides, resume_file=resume)

@@ -58,3 +58,27 @@ def run_grid_then_report(args, run, report) -> None:
 
         run(args, folder)
     print(report(folder, args.dataset))
+
+
+# The backbone sizes and protocol of a paper property file, given to a reference model.
+PAPER_BACKBONE_KEYS = (
+    "protocol",
+    "MAX_ITEM_LIST_LENGTH",
+    "n_layers",
+    "n_heads",
+    "hidden_size",
+    "inner_size",
+    "hidden_act",
+    "layer_norm_eps",
+    "hidden_dropout_prob",
+    "attn_dropout_prob",
+)
+
+
+def paper_reference_overrides(dataset: str, data_path: str, model: str = "RecDenoiser") -> dict:
+    """The settings of ``properties/paper/<model>/<dataset>.yaml`` that a reference model
+    (SASRec beside Rec-Denoiser) shares: protocol and backbone sizes."""
+    from recbole_freq.config import FreqConfig
+
+    paper = FreqConfig(model, dataset, cmd_overrides={"data_path": data_path}, paper=True)
+    return {key: paper[key] for key in PAPER_BACKBONE_KEYS}

@@ -159,7 +159,7 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
     _, (train_data, valid_data, test_data) = load_splits(config, recbole_dataset)
     check_split_rows(config, recbole_dataset, train_data, valid_data, test_data)
     check_memory(config, recbole_dataset, logger, users_longest)
-    noise = corrupt_training_data(config, train_data, valid_data, test_data)
+    noise = train_data.noise_report
 
     model_instance = new_model(config, train_data)
     use_full_sort_for_sampled_scoring(model_instance)
@@ -286,11 +286,19 @@ class ModelBuildError(ValueError):
 def load_splits(config, dataset=None):
     """The data half of config -> dataset -> splits -> model, the sequence every job and
     benchmark runs: seed, ``create_dataset`` (unless ``dataset`` is given), then
-    ``data_preparation`` and the run's protocol (``protocol.apply_protocol``).  Returns ``(dataset, (train_data, valid_data, test_data))``."""
+    ``data_preparation``, the synthetic noise of ``noise_ratio`` (``noise``; its report is
+    ``train_data.noise_report``, None without noise) and the run's protocol
+    (``protocol.apply_protocol``).  Returns ``(dataset, (train_data, valid_data, test_data))``."""
     if dataset is None:
         init_seed(config["seed"], config["reproducibility"])
         dataset = create_dataset(config)
-    return dataset, tuple(apply_protocol(config, dataset, data_preparation(config, dataset)))
+    splits = data_preparation(config, dataset)
+    # noise_ratio acts on RecBole's prefix rows, before a protocol rebuilds the training
+    # rows (and the evaluation histories) from them, so every protocol sees one corruption.
+    noise = corrupt_training_data(config, *splits)
+    train_data, valid_data, test_data = apply_protocol(config, dataset, splits)
+    train_data.noise_report = noise  # for the run summary
+    return dataset, (train_data, valid_data, test_data)
 
 
 def new_model(config, train_data):

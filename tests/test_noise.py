@@ -91,3 +91,47 @@ def test_noise_switch_runs_end_to_end(small_config):
 def test_noise_ratio_outside_unit_interval_is_rejected(small_config, ratio):
     with pytest.raises(ValueError, match=rf"noise_ratio={ratio} must lie in \[0, 1\)"):
         run("SASRec", "tiny", cmd_overrides=dict(small_config, noise_ratio=ratio), saved=False)
+
+
+def training_sequences(prefix_rows) -> dict:
+    """Each user's training sequence from RecBole's prefix rows: the first row's history
+    item, then every row's target, in order of history length."""
+    feat = prefix_rows.inter_feat
+    rows = sorted(
+        zip(feat["user_id"].tolist(), feat["item_length"].tolist(), range(len(feat))),
+    )
+    sequences = {}
+    for user, length, row in rows:
+        if length == 1:
+            sequences[user] = [feat["item_id_list"][row, 0].item()]
+        sequences[user].append(feat["item_id"][row].item())
+    return sequences
+
+
+def test_noise_reaches_the_rows_a_protocol_builds(small_config):
+    """Under --protocol=sasrec the training rows are rebuilt per user; they hold the
+    corrupted sequence that RecBole's prefix rows hold under the same noise, and the
+    evaluation histories share it (noise_scope observed)."""
+    noisy = dict(small_config, noise_ratio=0.3, noise_scope="observed")
+    _, prefix, _, _ = prepare("SASRec", noisy)
+    assert prefix.noise_report["replaced"] > 0
+    corrupted = training_sequences(prefix._dataset)
+    _, clean_prefix, _, _ = prepare("SASRec", small_config)
+    assert corrupted != training_sequences(clean_prefix._dataset)
+
+    _, train, valid, _ = prepare("SASRec", dict(noisy, protocol="sasrec"))
+    assert train.noise_report == prefix.noise_report
+    feat = train._dataset.inter_feat
+    for user, items, length, target in zip(
+        feat["user_id"].tolist(),
+        feat["item_id_list"],
+        feat["item_length"].tolist(),
+        feat["item_id"].tolist(),
+    ):
+        row = items[:length].tolist() + [target]
+        assert row == corrupted[user][-len(row) :]
+    valid_feat = valid._dataset.inter_feat
+    for user, items, length in zip(
+        valid_feat["user_id"].tolist(), valid_feat["item_id_list"], valid_feat["item_length"]
+    ):
+        assert items[length - 1].item() == corrupted[user][-1]

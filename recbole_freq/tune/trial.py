@@ -38,7 +38,6 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
     from recbole_freq.config import FreqConfig
     from recbole_freq.data import check_prepared, dataset_fingerprint
     from recbole_freq.evaluation import use_full_sort_for_sampled_scoring
-    from recbole_freq.noise import corrupt_training_data
     from recbole_freq.protocol import protocol_label, protocol_trainer
     from recbole_freq.quick_start import (
         TrainingRecorder,
@@ -74,7 +73,6 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
     users_longest = longest_history(dataset)
     _, (train_data, valid_data, test_data) = load_splits(config, dataset)
     check_memory(config, dataset, users_longest=users_longest)
-    corrupt_training_data(config, train_data, valid_data, test_data)
 
     model = new_model(config, train_data)
     use_full_sort_for_sampled_scoring(model)
