@@ -28,13 +28,26 @@ import json
 from pathlib import Path
 
 import yaml
-from common import PAPER_BACKBONE_KEYS, paper_reference_overrides, run_grid_then_report
+from common import paper_reference_overrides, run_grid_then_report
 
 from recbole_freq.files import plain_value, write_atomic
 
 HERE = Path(__file__).resolve().parent
 BETAS = [0.0, 1e-4, 1e-3, 1e-2, 1e-1, 1.0]
 METRICS = ["hit@10", "ndcg@10", "hit@20", "ndcg@20"]
+# The backbone settings each stored run records.
+BACKBONE_KEYS = (
+    "protocol",
+    "MAX_ITEM_LIST_LENGTH",
+    "n_layers",
+    "n_heads",
+    "hidden_size",
+    "inner_size",
+    "hidden_act",
+    "layer_norm_eps",
+    "hidden_dropout_prob",
+    "attn_dropout_prob",
+)
 
 
 def run_file(folder: Path, name: str) -> Path:
@@ -51,7 +64,7 @@ def store(target: Path, summary: dict, extra: dict) -> None:
     kept.update(extra)
     kept["settings"] = {
         key: summary["config"].get(key)
-        for key in PAPER_BACKBONE_KEYS
+        for key in BACKBONE_KEYS
         + (
             "estimator",
             "sparsity_beta",

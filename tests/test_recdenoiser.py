@@ -642,6 +642,44 @@ def test_paper_settings_are_section_5_1_4(dataset, length, dropout):
     assert config["sparsity_normalization"] == "auto" and config["train_batch_size"] == 128
 
 
+@pytest.mark.parametrize("dataset, length, rho", [("ml-1m", 50, 0.2), ("amazon-beauty", 25, 0.6)])
+def test_bert4rec_denoiser_paper_settings_keep_bert4rec_training(dataset, length, rho):
+    """``--paper`` for BERT4RecDenoiser: the paper's evaluation (sasrec protocol) with
+    BERT4Rec's own cloze training and settings, the paper's n, L, H, beta, gamma."""
+    from recbole_freq.config import FreqConfig
+
+    config = FreqConfig(
+        "BERT4RecDenoiser", dataset, cmd_overrides={"data_path": "unused"}, paper=True
+    )
+    assert (config["protocol"], config["eval_negatives"], config["valid_metric"]) == (
+        "sasrec",
+        "unseen",
+        "NDCG@10",
+    )
+    assert (config["train_rows"], config["train_loss"]) == ("all_prefixes", "model")
+    assert config["MAX_ITEM_LIST_LENGTH"] == length and config["mask_ratio"] == rho
+    assert (config["n_layers"], config["n_heads"], config["hidden_size"]) == (2, 2, 50)
+    assert (config["learner"], config["learning_rate"], config["train_batch_size"]) == (
+        "adamw",
+        1e-4,
+        256,
+    )
+    assert (config["sparsity_beta"], config["jacobian_gamma"]) == (0.01, 0.001)
+
+
+def test_bert4rec_denoiser_trains_under_the_paper_evaluation(small_config):
+    """BERT4RecDenoiser with the sasrec protocol's evaluation and its cloze training runs
+    through RecBole's trainer, tests against unseen negatives and reports its masks."""
+    overrides = dict(
+        small_config, protocol="sasrec", train_rows="all_prefixes", train_loss="model", epochs=1
+    )
+    summary = run("BERT4RecDenoiser", "tiny", cmd_overrides=overrides)
+    assert summary["protocol"]["label"].startswith("sasrec")
+    assert set(summary["test_result"]) >= {"hit@10", "ndcg@10"}
+    assert summary["model_report"]["sparsity_normalization"] == "train_examples"
+    assert len(summary["model_report"]["learned_masks"]) == small_config["n_layers"]
+
+
 def test_pruned_fractions_per_layer_and_head_reach_the_comparison_table(small_config, tmp_path):
     """The run summary keeps each layer's pruned fraction (and each head's with
     ``mask_per_head``); a comparison's table states them per model, averaged over seeds."""
