@@ -73,9 +73,7 @@ def test_fmlprec_trains_with_the_authors_loss_and_reloads(small_config):
     assert 0.0 <= summary["test_result"]["ndcg@20"] <= 1.0
     assert FMLPRec.token_mixer == "filter"
     # CE through the model's own loss, one config line away
-    summary = run(
-        "FMLPRec", "tiny", cmd_overrides=dict(small_config, epochs=1, train_loss="model")
-    )
+    summary = run("FMLPRec", "tiny", cmd_overrides=dict(small_config, epochs=1, train_loss="model"))
     assert summary["protocol"]["label"] == "recbole"
 
 

@@ -270,6 +270,7 @@ def test_inference_masks_are_deterministic_causal_and_follow_the_paper(small_con
     [
         ("RecDenoiser", "train_examples"),
         ("RecDenoiser", "batch"),
+        ("RecDenoiser", "batch_targets"),
         ("RecDenoiser", "none"),
         ("BERT4RecDenoiser", "train_examples"),
     ],
@@ -288,6 +289,7 @@ def test_sparsity_penalty_is_eq_13_per_training_row(small_config, model, normali
     expected_scale = {
         "train_examples": 1.0 / rows,
         "batch": 1.0 / config["train_batch_size"],
+        "batch_targets": 1.0 / config["train_batch_size"],  # one target per prefix row
         "none": 1.0,
     }[normalization]
     with torch.no_grad():
@@ -310,6 +312,9 @@ def test_sparsity_penalty_scale_rejects_unknown_normalization_and_empty_splits()
         sparsity_penalty_scale("train_examples", 0, 10)
     with pytest.raises(ValueError, match="rows per batch"):
         sparsity_penalty_scale("batch", 100, 0)
+    assert sparsity_penalty_scale("batch_targets", 100, 8, 2.5) == pytest.approx(1 / 20)
+    with pytest.raises(ValueError, match="at least one target per training row"):
+        sparsity_penalty_scale("batch_targets", 100, 8, 0.0)
 
 
 # --- equivalence with the unchanged backbones ---------------------------------------------
@@ -548,17 +553,35 @@ def test_sasrec_protocol_runs_eq_4_through_the_denoising_objective(small_config)
 @pytest.mark.parametrize(
     "extra, expected",
     [
-        ({"protocol": "sasrec"}, "none"),
-        ({"train_loss": "bce"}, "none"),
+        ({"protocol": "sasrec"}, "batch_targets"),
+        ({"train_loss": "bce"}, "batch_targets"),
         ({}, "train_examples"),
         ({"protocol": "sasrec", "sparsity_normalization": "batch"}, "batch"),
+        ({"protocol": "sasrec", "sparsity_normalization": "none"}, "none"),
     ],
 )
 def test_auto_sparsity_scale_is_algorithm_1_under_eq_4(small_config, extra, expected):
+    """Under eq. 4's BCE, beta once per mini-batch against the loss summed over the
+    batch's targets: per user every position of SASRec's rows, one per prefix row."""
+    from recbole_freq.protocol.rows import POSITION_TARGETS
+
     config, train, _, _ = prepare("RecDenoiser", dict(small_config, sparsity_beta=0.01, **extra))
     model = RecDenoiser(config, train._dataset)
     assert model.sparsity_normalization == expected
-    scale = {"none": 1.0, "train_examples": 1 / len(train._dataset), "batch": 1 / 64}[expected]
+    feat = train._dataset.inter_feat
+    targets = (
+        (feat[POSITION_TARGETS] != 0).sum().item() / len(feat)
+        if POSITION_TARGETS in feat.columns
+        else 1.0
+    )
+    if extra.get("protocol") == "sasrec":
+        assert targets > 2  # users with several positions
+    scale = {
+        "none": 1.0,
+        "train_examples": 1 / len(train._dataset),
+        "batch": 1 / 64,
+        "batch_targets": 1 / (64 * targets),
+    }[expected]
     assert all(op.sparsity_scale == pytest.approx(scale) for op in operators(model))
 
 
@@ -581,7 +604,8 @@ def test_masks_learn_from_eq_4_under_the_sasrec_protocol(small_config):
         "RecDenoiser", "tiny", cmd_overrides=dict(small_config, protocol="sasrec", epochs=2)
     )
     report = summary["model_report"]
-    assert summary["protocol"]["label"] == "sasrec" and report["sparsity_normalization"] == "none"
+    assert summary["protocol"]["label"] == "sasrec"
+    assert report["sparsity_normalization"] == "batch_targets"
     assert all(np.isfinite(epoch["train_loss"]) for epoch in summary["history"])
     assert len(report["learned_masks"]) == small_config["n_layers"]
 

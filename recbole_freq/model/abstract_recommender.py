@@ -44,6 +44,17 @@ def trains_with_eq_4(config) -> bool:
     return protocol_settings(config)["train_loss"] == "bce"
 
 
+def targets_per_row(dataset) -> float:
+    """Mean number of targets of a training row: the per-position targets of SASRec's
+    rows (``--protocol=sasrec``), else 1."""
+    from recbole_freq.protocol.rows import POSITION_TARGETS
+
+    feat = dataset.inter_feat
+    if POSITION_TARGETS not in feat.columns or len(dataset) == 0:
+        return 1.0
+    return float((feat[POSITION_TARGETS] != 0).sum(-1).float().mean())
+
+
 def stochastic_shared(ids: torch.Tensor, prob: float, n_ids: int) -> torch.Tensor:
     """SSE-SE (Wu et al., NeurIPS 2019), as SSE-PT's sampler applies it: each id replaced
     with probability ``prob`` by one drawn uniformly from ``1 .. n_ids - 1`` (torch's
@@ -148,18 +159,20 @@ class TransformerRecommender(SequentialRecommender):
         """Put every ``denoise`` operator's eq. 8 penalty on the scale of the batch-mean
         loss (``sparsity_normalization``, see ``denoising.sparsity_penalty_scale``); N is the
         number of training rows of ``dataset``, the training split the model is built
-        with.  ``auto`` (the default) is Algorithm 1's ``none`` (beta once per mini-batch)
-        when the protocol trains with Rec-Denoiser's loss, eq. 4's per-position BCE
-        (``train_loss: bce``, e.g. ``--protocol=sasrec``), and ``train_examples`` on the
-        model's own loss (CE over all items), where ``none`` prunes every link."""
+        with.  ``auto`` (the default) is Algorithm 1 on eq. 4's sum, ``batch_targets`` (beta
+        once per mini-batch against the BCE summed over its targets), when the protocol
+        trains with Rec-Denoiser's loss (``train_loss: bce``, e.g. ``--protocol=sasrec``),
+        and ``train_examples`` on the model's own loss (CE over all items)."""
         operators = [m for m in self.encoder.modules() if isinstance(m, DenoisingMaskAttention)]
         if not operators:
             return
         normalization = config_value(config, "sparsity_normalization", "auto")
         if normalization == "auto":
-            normalization = "none" if trains_with_eq_4(config) else "train_examples"
+            normalization = "batch_targets" if trains_with_eq_4(config) else "train_examples"
         self.sparsity_normalization = normalization
-        scale = sparsity_penalty_scale(normalization, len(dataset), config["train_batch_size"])
+        scale = sparsity_penalty_scale(
+            normalization, len(dataset), config["train_batch_size"], targets_per_row(dataset)
+        )
         for operator in operators:
             operator.sparsity_scale = scale
         rate = config_value(config, "mask_learning_rate", None)
