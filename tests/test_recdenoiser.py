@@ -646,12 +646,13 @@ def test_mask_learning_rate_lets_the_masks_move_faster_than_the_backbone(small_c
 
 
 @pytest.mark.parametrize(
-    "dataset, length, dropout",
-    [("ml-1m", 50, 0.2), ("amazon-beauty", 25, 0.5), ("lastfm", 25, 0.5)],
+    "dataset, length, dropout, beta",
+    [("ml-1m", 50, 0.2, 0.01), ("amazon-beauty", 25, 0.5, 0.01), ("lastfm", 25, 0.5, 0.3)],
 )
-def test_paper_settings_are_section_5_1_4(dataset, length, dropout):
+def test_paper_settings_are_section_5_1_4(dataset, length, dropout, beta):
     """``--paper``: the Rec-Denoiser paper's protocol, n, L, H, ARM, beta and gamma, and
-    SASRec's backbone settings for dense or sparse data."""
+    SASRec's backbone settings for dense or sparse data; the masks' own rate, and on
+    lastfm the beta its sweep chose."""
     from recbole_freq.config import FreqConfig
 
     config = FreqConfig("RecDenoiser", dataset, cmd_overrides={"data_path": "unused"}, paper=True)
@@ -660,9 +661,10 @@ def test_paper_settings_are_section_5_1_4(dataset, length, dropout):
     assert config["hidden_dropout_prob"] == config["attn_dropout_prob"] == dropout
     assert (config["estimator"], config["sparsity_beta"], config["jacobian_gamma"]) == (
         "ARM",
-        0.01,
+        beta,
         0.001,
     )
+    assert config["mask_learning_rate"] == 0.01
     assert config["sparsity_normalization"] == "auto" and config["train_batch_size"] == 128
 
 
