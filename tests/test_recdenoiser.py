@@ -606,6 +606,7 @@ def test_masks_learn_from_eq_4_under_the_sasrec_protocol(small_config):
     report = summary["model_report"]
     assert summary["protocol"]["label"] == "sasrec"
     assert report["sparsity_normalization"] == "batch_targets"
+    assert 0 < report["sparsity_scale"] < 1 / small_config["train_batch_size"]
     assert all(np.isfinite(epoch["train_loss"]) for epoch in summary["history"])
     assert len(report["learned_masks"]) == small_config["n_layers"]
 

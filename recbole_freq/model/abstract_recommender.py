@@ -173,6 +173,7 @@ class TransformerRecommender(SequentialRecommender):
         scale = sparsity_penalty_scale(
             normalization, len(dataset), config["train_batch_size"], targets_per_row(dataset)
         )
+        self.sparsity_scale = scale
         for operator in operators:
             operator.sparsity_scale = scale
         rate = config_value(config, "mask_learning_rate", None)
@@ -484,6 +485,7 @@ class TransformerRecommender(SequentialRecommender):
             return {}
         return {
             "sparsity_normalization": self.sparsity_normalization,
+            "sparsity_scale": self.sparsity_scale,  # beta's factor on the batch-mean loss
             "mask_learning_rate": self.mask_learning_rate,
             "learned_masks": [
                 {

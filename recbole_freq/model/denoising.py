@@ -32,8 +32,8 @@ def sparsity_penalty_scale(
       paper's beta the masks feel almost no pressure (1 / 49,281 on lastfm);
     - ``batch_targets``: ``1 / (batch_size * targets_per_row)``, Algorithm 1 read
       literally: per mini-batch, eq. 4's sum over the batch's targets plus ``beta R_M``
-      (``targets_per_row``: the mean number of targets of a training row, e.g. about 23
-      per user under --protocol=sasrec on lastfm, 1 for one-target rows);
+      (``targets_per_row``: the mean number of targets of a training row, e.g. 15.3 on
+      average per user under --protocol=sasrec on lastfm, 1 for one-target rows);
     - ``batch``: ``1 / batch_size``, the same per training row rather than per target;
     - ``none``: 1, beta added as is to the batch-mean loss.  With masks that can move
       (``mask_learning_rate``), beta 0.001 already pruned every link on lastfm (measured).
