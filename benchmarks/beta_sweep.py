@@ -28,8 +28,9 @@ import json
 from pathlib import Path
 
 import yaml
-from common import paper_reference_overrides, run_grid_then_report
+from common import run_grid_then_report
 
+from recbole_freq.config import paper_reference_settings
 from recbole_freq.files import plain_value, write_atomic
 
 HERE = Path(__file__).resolve().parent
@@ -115,7 +116,7 @@ def run_sweep(args, folder: Path) -> None:
             print(f"done already: {target.name}")
             return
         overrides = dict(common, checkpoint_dir=str(checkpoints))
-        overrides.update(paper_reference_overrides(args.dataset, args.data_path))
+        overrides.update(paper_reference_settings("RecDenoiser", args.dataset))
         resume = checkpoints / "partial" / f"{args.reference}.resume.pth"
         resume.parent.mkdir(parents=True, exist_ok=True)
         summary = run(args.reference, args.dataset, cmd_overrides=overrides, resume_file=resume)

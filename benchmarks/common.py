@@ -58,35 +58,3 @@ def run_grid_then_report(args, run, report) -> None:
 
         run(args, folder)
     print(report(folder, args.dataset))
-
-
-# Settings of a Rec-Denoiser paper file that only the denoiser reads; a reference model
-# (its backbone alone) gets every other setting of the file.
-DENOISER_ONLY = (
-    "backbone",
-    "attention_operator",
-    "estimator",
-    "sparsity_beta",
-    "sparsity_normalization",
-    "mask_per_head",
-    "mask_sampling",
-    "mask_init_prob",
-    "mask_learning_rate",
-    "jacobian_gamma",
-    "jacobian_projections",
-    "jacobian_normalization",
-)
-
-
-def paper_reference_overrides(dataset: str, data_path: str, model: str = "RecDenoiser") -> dict:
-    """The settings of ``properties/paper/<model>/<dataset>.yaml`` that a reference model
-    (SASRec beside RecDenoiser, BERT4Rec beside BERT4RecDenoiser) shares: protocol,
-    backbone sizes, optimiser; every key of the file but the denoiser's own."""
-    import yaml
-
-    from recbole_freq.config import FreqConfig, paper_file
-
-    keys = yaml.safe_load(paper_file(model, dataset).read_text()) or {}
-    # Values as RecBole reads them (its loader takes 1e-8 as a number, yaml does not).
-    paper = FreqConfig(model, dataset, cmd_overrides={"data_path": data_path}, paper=True)
-    return {key: paper[key] for key in keys if key not in DENOISER_ONLY}

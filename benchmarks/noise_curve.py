@@ -29,8 +29,9 @@ import argparse
 import json
 from pathlib import Path
 
-from common import paper_reference_overrides, run_grid_then_report
+from common import run_grid_then_report
 
+from recbole_freq.config import paper_reference_settings
 from recbole_freq.files import plain_value, write_atomic
 
 HERE = Path(__file__).resolve().parent
@@ -76,7 +77,7 @@ def run_one(args, folder, checkpoints, model, ratio, seed, run) -> None:
     else:
         settings.update(noise_scope="observed", checkpoint_dir=str(checkpoints))
         if model != "RecDenoiser":
-            settings.update(paper_reference_overrides(args.dataset, args.data_path))
+            settings.update(paper_reference_settings("RecDenoiser", args.dataset))
         resume = checkpoints / "partial" / f"{name}.resume.pth"
         resume.parent.mkdir(parents=True, exist_ok=True)
         summary = run(

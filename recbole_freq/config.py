@@ -103,6 +103,36 @@ def paper_file(model_name: str, dataset: str | None) -> Path | None:
     return path if dataset and path.is_file() else None
 
 
+# Settings of a denoiser's paper file that only the denoiser reads; its backbone alone,
+# the reference of a like-for-like comparison, gets every other setting of the file.
+DENOISER_ONLY_SETTINGS = (
+    "backbone",
+    "attention_operator",
+    "estimator",
+    "sparsity_beta",
+    "sparsity_normalization",
+    "mask_per_head",
+    "mask_sampling",
+    "mask_init_prob",
+    "mask_learning_rate",
+    "jacobian_gamma",
+    "jacobian_projections",
+    "jacobian_normalization",
+)
+
+
+def paper_reference_settings(denoiser: str, dataset: str) -> dict:
+    """The settings of ``denoiser``'s paper file for ``dataset`` (RecDenoiser,
+    BERT4RecDenoiser) that its backbone model alone shares: protocol, sizes, optimiser,
+    every key but the denoiser's own (``DENOISER_ONLY_SETTINGS``).  SASRec beside
+    RecDenoiser gets them, so that the pair differs only in the denoiser."""
+    path = paper_file(denoiser, dataset)
+    if path is None:
+        raise ConfigFileError(f"no paper settings for {denoiser} on {dataset!r}")
+    settings = read_config_file(path)
+    return {key: value for key, value in settings.items() if key not in DENOISER_ONLY_SETTINGS}
+
+
 def chosen_protocol(files, config_dict, cmd_overrides) -> str:
     """The protocol a configuration asks for, with the configuration's own priority: the
     command line, then ``config_dict``, then the last file that names one (user files

@@ -357,6 +357,40 @@ def test_paper_settings_per_model_and_the_protocol_they_name(small_config, tmp_p
         compare("SASRec", "tiny", seeds="5", overrides=overrides, out=tmp_path / "q", paper=True)
 
 
+def test_paper_gives_a_denoisers_backbone_the_same_settings(small_config, tmp_path):
+    """With ``--paper``, SASRec beside RecDenoiser gets every setting of RecDenoiser's paper
+    file but the denoiser's own, so the pair differs only in the denoiser; a model that is
+    no denoiser's backbone keeps its defaults."""
+    from conftest import write_sequences
+    from dataset_prep import convert_one_line
+
+    root = tmp_path / "data"
+    root.mkdir()
+    raw = write_sequences(root / "lastfm.txt")
+    convert_one_line(raw, root, "lastfm", show_progress=False, check=False)
+    overrides = overrides_of(small_config, epochs=1, data_path=str(root))
+    for key in ("hidden_size", "inner_size", "MAX_ITEM_LIST_LENGTH", "train_batch_size"):
+        overrides.pop(key)  # an override would win over the paper file
+    out = tmp_path / "p"
+    result = compare(
+        "RecDenoiser,SASRec,GRU4Rec", "lastfm", seeds="5", overrides=overrides, out=out,
+        paper=True,
+    )  # fmt: skip
+    configs = {
+        model: json.loads((out / "runs" / f"{model}-seed5.json").read_text())["summary"]["config"]
+        for model in ("RecDenoiser", "SASRec", "GRU4Rec")
+    }
+    shared = ("hidden_size", "inner_size", "hidden_act", "hidden_dropout_prob",
+              "MAX_ITEM_LIST_LENGTH", "train_batch_size", "layer_norm_eps")  # fmt: skip
+    assert [configs["SASRec"][k] for k in shared] == [configs["RecDenoiser"][k] for k in shared]
+    assert (configs["SASRec"]["hidden_size"], configs["SASRec"]["hidden_act"]) == (50, "relu")
+    assert configs["SASRec"].get("sparsity_beta") is None  # not the denoiser's settings
+    assert configs["GRU4Rec"]["hidden_size"] == 128  # RecBole's GRU4Rec default
+    assert "Protocol sasrec" in result["markdown"]
+    settings = json.loads((out / "runs" / "GRU4Rec-seed5.json").read_text())["settings"]
+    assert set(settings["paper_references"]) == {"SASRec"}
+
+
 def test_multiple_testing_corrections():
     from recbole_freq.compare.tables import adjust_p_values
 

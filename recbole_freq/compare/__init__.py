@@ -59,12 +59,20 @@ from recbole_freq.protocol import comparable_label, protocol_file
 # ---------------------------------------------------------------------------- API
 
 
-def _paper_models(models, dataset, overrides: dict, protocols) -> list[str]:
-    """The models with paper settings for ``dataset``; sets ``overrides["protocol"]`` to
-    the protocol their paper files name when none is given."""
-    from recbole_freq.config import get_model_class, paper_file, read_config_file
+def _paper_models(models, dataset, overrides: dict, protocols) -> tuple[list[str], dict]:
+    """The models with paper settings for ``dataset``, and the settings of the others that
+    are a denoiser's backbone (SASRec beside RecDenoiser, BERT4Rec beside BERT4RecDenoiser:
+    ``config.paper_reference_settings``, so each pair differs only in the denoiser); sets
+    ``overrides["protocol"]`` to the protocol the paper files name when none is given."""
+    from recbole_freq.config import (
+        get_model_class,
+        paper_file,
+        paper_reference_settings,
+        read_config_file,
+    )
 
-    files = {m: paper_file(get_model_class(m).__name__, dataset) for m in models}
+    classes = {m: get_model_class(m) for m in models}
+    files = {m: paper_file(classes[m].__name__, dataset) for m in models}
     paper_models = [m for m, path in files.items() if path is not None]
     if not paper_models:
         raise ComparisonError(
@@ -79,7 +87,15 @@ def _paper_models(models, dataset, overrides: dict, protocols) -> list[str]:
                 "choose one with --protocol"
             )
         overrides["protocol"] = named.pop()
-    return paper_models
+    references = {}
+    for model in models:
+        if model in paper_models:
+            continue
+        for denoiser in paper_models:
+            if getattr(classes[denoiser], "default_backbone", None) == classes[model].__name__:
+                references[model] = paper_reference_settings(classes[denoiser].__name__, dataset)
+                break
+    return paper_models, references
 
 
 def check_protocols(records: dict, entries, seeds, mixed: bool) -> dict:
@@ -152,8 +168,10 @@ def compare(
     every run uses the configured protocol.  Runs of different protocols are never put
     into one table (``ComparisonError``) unless ``mixed_protocols``.
     ``paper``: each model that has paper settings for ``dataset`` (``properties/paper/``)
-    gets them, as ``--paper`` does for one run; the others keep their defaults.  Unless a
-    protocol is given, every model runs under the protocol those paper files name.
+    gets them, as ``--paper`` does for one run; a denoiser's backbone beside it (SASRec
+    beside RecDenoiser) gets the same settings but the denoiser's own; the others keep
+    their defaults.  Unless a protocol is given, every model runs under the protocol those
+    paper files name.
     ``correction``: ``holm`` or ``bh``, for the per-user significance tests (paired
     Wilcoxon and t across users against the best baseline, ``tables.add_per_user_tests``)
     beside the across-seed paired t-test.
@@ -200,15 +218,22 @@ def compare(
     out = Path(out) if out is not None else Path("comparisons") / dataset
     config_files = list(config_files or [])
 
-    paper_models = _paper_models(models, dataset, overrides, protocols) if paper else []
+    paper_models, references = (
+        _paper_models(models, dataset, overrides, protocols) if paper else ([], {})
+    )
     settings = run_settings(dataset, config_files, overrides)
     if protocols is not None:
         settings["protocols"] = protocols
     if paper:
         settings["paper"] = True
+    if references:
+        settings["paper_references"] = references
+        for model in references:
+            log(f"--paper: {model} gets the backbone settings of its denoiser's paper file")
     configs = validate(
-        models, dataset, config_files, overrides, seeds, protocols or [None], paper_models
-    )
+        models, dataset, config_files, overrides, seeds, protocols or [None], paper_models,
+        references,
+    )  # fmt: skip
     config = next(iter(configs.values()))
     metrics = choose_metrics(None if metrics is None else _parse_list(metrics, "--metrics"), config)
     check_writable(out, "--out")
@@ -226,12 +251,12 @@ def compare(
             )
             trained = run_on_ray(
                 jobs, dataset, config_files, overrides, out, settings, log, ray_options, models,
-                paper_models,
+                paper_models, references,
             )  # fmt: skip
         elif jobs:
             trained = run_sequential(
                 jobs, dataset, config_files, overrides, out, settings, log, tuple(models),
-                paper_models,
+                paper_models, references,
             )  # fmt: skip
         else:
             trained = []

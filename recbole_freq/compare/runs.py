@@ -79,6 +79,11 @@ def _settings_difference(stored: dict, wanted: dict) -> list[str]:
         )
     if stored.get("paper") != wanted.get("paper"):
         differences.append(f"--paper {bool(stored.get('paper'))} vs {bool(wanted.get('paper'))}")
+    if stored.get("paper_references") != wanted.get("paper_references"):
+        differences.append(
+            f"--paper backbone settings {stored.get('paper_references')} vs "
+            f"{wanted.get('paper_references')}"
+        )
     if stored.get("protocols") != wanted.get("protocols"):
         differences.append(f"--protocols {stored.get('protocols')} vs {wanted.get('protocols')}")
     old, new = stored.get("overrides", {}), wanted["overrides"]
@@ -181,11 +186,13 @@ def _train_one(
     models=(),
     resume_file=None,
     paper_models=(),
+    references=None,
 ) -> dict:
     """One run of the comparison (also the body of a Ray task); ``models``: all compared
     models, which share the overrides (a key one of them reads is accepted);
     ``resume_file``: the run's resume state, continued from if it exists;
-    ``paper_models``: the models that get their paper's settings (``--paper``)."""
+    ``paper_models``: the models that get their paper's settings (``--paper``);
+    ``references``: model -> the paper settings it shares as a denoiser's backbone."""
     from recbole_freq.quick_start import run
 
     model, protocol = split_entry(model)
@@ -199,7 +206,7 @@ def _train_one(
         model,
         dataset,
         config_files,
-        cmd_overrides={**overrides, "seed": seed},
+        cmd_overrides={**(references or {}).get(model, {}), **overrides, "seed": seed},
         paper=model in paper_models,
         shared_with=models,
         resume_file=resume_file,
@@ -207,7 +214,14 @@ def _train_one(
 
 
 def validate(
-    models, dataset, config_files, overrides, seeds, protocols=(None,), paper_models=()
+    models,
+    dataset,
+    config_files,
+    overrides,
+    seeds,
+    protocols=(None,),
+    paper_models=(),
+    references=None,
 ) -> dict:
     """Build each model's configuration once before any training, so that an unknown model,
     a missing file or an unprepared dataset fails in seconds, not after hours of runs.
@@ -223,7 +237,12 @@ def validate(
                 model,
                 dataset,
                 config_files,
-                cmd_overrides={**overrides, **chosen, "seed": seeds[0]},
+                cmd_overrides={
+                    **(references or {}).get(model, {}),
+                    **overrides,
+                    **chosen,
+                    "seed": seeds[0],
+                },
                 paper=model in paper_models,
                 shared_with=models,
             )
@@ -233,7 +252,16 @@ def validate(
 
 
 def run_sequential(
-    jobs, dataset, config_files, overrides, out, settings, log, models, paper_models=()
+    jobs,
+    dataset,
+    config_files,
+    overrides,
+    out,
+    settings,
+    log,
+    models,
+    paper_models=(),
+    references=None,
 ):
     trained = []
     for index, (model, seed) in enumerate(jobs, 1):
@@ -247,6 +275,7 @@ def run_sequential(
             models=tuple(models),
             resume_file=partial_file(out, model, seed),
             paper_models=tuple(paper_models),
+            references=references,
         )
         _store_run(out, settings, model, seed, summary)
         trained.append((model, seed))
@@ -255,7 +284,17 @@ def run_sequential(
 
 
 def run_on_ray(
-    jobs, dataset, config_files, overrides, out, settings, log, ray_options, models, paper_models=()
+    jobs,
+    dataset,
+    config_files,
+    overrides,
+    out,
+    settings,
+    log,
+    ray_options,
+    models,
+    paper_models=(),
+    references=None,
 ):
     ray = import_ray("--ray", "ray[default]", ComparisonError)
     started_here = start_or_join(ray, ray_options.get("address"), error=ComparisonError)
@@ -282,6 +321,7 @@ def run_on_ray(
             tuple(models),
             str(partial_file(out, model, seed).resolve()),
             tuple(paper_models),
+            references,
         ): (model, seed)
         for model, seed in jobs
     }
