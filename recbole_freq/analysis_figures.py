@@ -4,6 +4,7 @@ per layer, singular values, and each model's own plots."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -136,12 +137,14 @@ def write_figures(results: list[dict], out: Path) -> list[str]:
                 mask = np.asarray(entry["mask"]).mean(0)  # average over heads
                 image = axes[row, column].imshow(mask, vmin=0, vmax=1, cmap="magma")
                 axes[row, column].set_title(
-                    f"{result['label']} layer {entry['layer']}\n"
-                    f"pruned {entry['pruned_fraction']:.1%}",
-                    fontsize=8,
+                    f"layer {entry['layer']}, pruned {entry['pruned_fraction']:.1%}", fontsize=9
                 )
                 axes[row, column].set_xlabel("key (n-1 = latest)")
-                axes[row, column].set_ylabel("query")
+                # The checkpoint's name once per row, wrapped: side by side, long names
+                # in every title ran into each other.
+                if column == 0:
+                    name = "\n".join(textwrap.wrap(result["label"], 28))
+                    axes[row, column].set_ylabel(f"{name}\nquery", fontsize=8)
             figure.colorbar(image, ax=axes[row, :].tolist())
         _save_figure(figure, out / "rec_denoiser_masks.png")
         written.append("rec_denoiser_masks.png")
