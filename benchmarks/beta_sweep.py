@@ -150,6 +150,7 @@ def report(folder: Path, dataset: str) -> str:
     example = (sweep or runs)[0]
     key = varied(example)[0] or "sparsity_beta"
     label = "beta" if key == "sparsity_beta" else key
+    stem = f"{label}-sweep".replace("_", "-")  # beta-sweep, jacobian-gamma-sweep
     lines = [
         f"dataset {dataset}; protocol {example['protocol']['label']} (test: 100 unseen "
         f"negatives); seed {example['seed']}; device {example['device']}; each run to early "
@@ -175,7 +176,15 @@ def report(folder: Path, dataset: str) -> str:
     text = "\n".join(lines)
 
     figure, axis = plt.subplots(figsize=(6, 4))
-    xs = [100 * sum(pruned(r)) / max(len(pruned(r)), 1) for r in sweep]
+    if key == "sparsity_beta":  # what beta buys: pruning against accuracy
+        xs = [100 * sum(pruned(r)) / max(len(pruned(r)), 1) for r in sweep]
+        axis.set_xlabel("attention links pruned (%, mean over layers)")
+    else:  # another setting: accuracy against its value
+        xs = [varied(r)[1] for r in sweep]
+        positive = [x for x in xs if x > 0]
+        if positive:
+            axis.set_xscale("symlog", linthresh=min(positive))
+        axis.set_xlabel(key)
     ys = [r["test_result"]["ndcg@10"] for r in sweep]
     axis.plot(xs, ys, marker="o", label="RecDenoiser")
     for x, y, r in zip(xs, ys, sweep):
@@ -184,16 +193,15 @@ def report(folder: Path, dataset: str) -> str:
         )
     for r in references:
         axis.axhline(r["test_result"]["ndcg@10"], linestyle="--", color="grey", label=r["model"])
-    axis.set_xlabel("attention links pruned (%, mean over layers)")
     axis.set_ylabel("test NDCG@10 (100 unseen negatives)")
     axis.set_title(f"Rec-Denoiser's {label} on {dataset}")
     axis.legend()
     figure.tight_layout()
     write_atomic(
-        folder.parent / f"beta-sweep-{dataset}.png",
+        folder.parent / f"{stem}-{dataset}.png",
         lambda handle: figure.savefig(handle, format="png", dpi=100),
     )
-    write_atomic(folder.parent / f"beta-sweep-{dataset}.md", text + "\n")
+    write_atomic(folder.parent / f"{stem}-{dataset}.md", text + "\n")
     return text
 
 
