@@ -131,6 +131,17 @@ def protocol_label(run: dict) -> str:
     return run.get("protocol", {}).get("label", "recbole")  # runs before protocols: RecBole
 
 
+def pruned(runs: list[dict]) -> str:
+    """Rec-Denoiser's pruned fraction per layer, mean over the runs ("-" without masks)."""
+    layers = [
+        [entry["pruned_fraction"] for entry in r.get("model_report", {}).get("learned_masks", [])]
+        for r in runs
+    ]
+    if not any(layers):
+        return "-"
+    return ", ".join(f"{sum(values) / len(values):.3f}" for values in zip(*layers))
+
+
 def mean_value(runs: list[dict], source: str, metric: str) -> float:
     return sum(metric_value(r, source, metric) for r in runs) / len(runs)
 
@@ -168,8 +179,8 @@ def report(folder: Path, dataset: str) -> str:
         "",
         "| noise | model | n | "
         + " | ".join(f"{label} {m}" for _, label in sources for m in METRICS)
-        + " | s/epoch |",
-        "|---|---|---|" + "---|" * (len(sources) * len(METRICS) + 1),
+        + " | pruned per layer | s/epoch |",
+        "|---|---|---|" + "---|" * (len(sources) * len(METRICS) + 2),
     ]
     for ratio in ratios:
         for model in models:
@@ -180,7 +191,10 @@ def report(folder: Path, dataset: str) -> str:
                 f"{mean_value(cell, source, m):.4f}" for source, _ in sources for m in METRICS
             )
             seconds = sum(r["train_seconds_per_epoch"] for r in cell) / len(cell)
-            lines.append(f"| {ratio:.0%} | {model} | {len(cell)} | {values} | {seconds:.1f} |")
+            lines.append(
+                f"| {ratio:.0%} | {model} | {len(cell)} | {values} | {pruned(cell)} | "
+                f"{seconds:.1f} |"
+            )
     relative = ["", "Relative change of RecDenoiser over SASRec (test means, same noise):", ""]
     relative.append(
         "| noise | " + " | ".join(f"{label} {m}" for _, label in sources for m in METRICS) + " |"
