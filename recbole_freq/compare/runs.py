@@ -252,17 +252,9 @@ def validate(
 
 
 def run_sequential(
-    jobs,
-    dataset,
-    config_files,
-    overrides,
-    out,
-    settings,
-    log,
-    models,
-    paper_models=(),
+    jobs, dataset, config_files, overrides, out, settings, log, models, paper_models=(),
     references=None,
-):
+):  # fmt: skip
     trained = []
     for index, (model, seed) in enumerate(jobs, 1):
         log(f"[{index}/{len(jobs)}] training {model} seed {seed} ...")
@@ -284,18 +276,9 @@ def run_sequential(
 
 
 def run_on_ray(
-    jobs,
-    dataset,
-    config_files,
-    overrides,
-    out,
-    settings,
-    log,
-    ray_options,
-    models,
-    paper_models=(),
-    references=None,
-):
+    jobs, dataset, config_files, overrides, out, settings, log, ray_options, models,
+    paper_models=(), references=None,
+):  # fmt: skip
     ray = import_ray("--ray", "ray[default]", ComparisonError)
     started_here = start_or_join(ray, ray_options.get("address"), error=ComparisonError)
     try:
