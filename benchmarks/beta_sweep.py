@@ -23,17 +23,15 @@ figure (pruned fraction against test NDCG@10) from what is there.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import yaml
-from common import run_grid_then_report
+from common import grid_checkpoints, grid_parser, run_grid_then_report, write_report
 
 from recbole_freq.config import paper_reference_settings
 from recbole_freq.files import plain_value, write_atomic
 
-HERE = Path(__file__).resolve().parent
 BETAS = [0.0, 1e-4, 1e-3, 1e-2, 1e-1, 1.0]
 METRICS = ["hit@10", "ndcg@10", "hit@20", "ndcg@20"]
 # The backbone settings each stored run records.
@@ -94,8 +92,7 @@ def run_sweep(args, folder: Path) -> None:
     denoiser = dict(args.settings)  # --set: every RecDenoiser run, not the reference
     if args.epochs:
         common["epochs"] = args.epochs
-    # One folder per sweep, so that two sweeps never resume each other's runs.
-    checkpoints = Path(args.checkpoint_dir) / Path(args.out).name / args.dataset
+    checkpoints = grid_checkpoints(args)
     for value in args.values:
         name = run_name(args.vary, value)
         target = run_file(folder, name)
@@ -197,31 +194,18 @@ def report(folder: Path, dataset: str) -> str:
     axis.set_title(f"Rec-Denoiser's {label} on {dataset}")
     axis.legend()
     figure.tight_layout()
-    write_atomic(
-        folder.parent / f"{stem}-{dataset}.png",
-        lambda handle: figure.savefig(handle, format="png", dpi=100),
-    )
-    write_atomic(folder.parent / f"{stem}-{dataset}.md", text + "\n")
+    write_report(folder, f"{stem}-{dataset}", text, figure)
     return text
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--dataset", default="lastfm")
-    parser.add_argument("--data_path", default="dataset/")
+    parser = grid_parser(__doc__, "beta-sweep")
     parser.add_argument("--vary", default="sparsity_beta", help="the setting swept")
     parser.add_argument(
         "--values", "--betas", default=",".join(f"{b:g}" for b in BETAS), help="its values"
     )
     parser.add_argument("--reference", default="SASRec", help="baseline run ('' for none)")
     parser.add_argument("--epochs", type=int, default=0, help="0: the protocol's budget")
-    parser.add_argument("--seed", type=int, default=2020)
-    parser.add_argument("--out", default=str(HERE / "results" / "beta-sweep"))
-    parser.add_argument(
-        "--checkpoint_dir", default="saved/beta-sweep", help="checkpoints and resume states"
-    )
     parser.add_argument(
         "--set",
         action="append",
@@ -229,7 +213,6 @@ def main(argv=None):
         metavar="KEY=VALUE",
         help="a RecDenoiser setting for every run (repeatable), e.g. mask_learning_rate=0.01",
     )
-    parser.add_argument("--report", action="store_true", help="only write the table and figure")
     args = parser.parse_args(argv)
     args.values = [float(value) for value in args.values.split(",") if value]
     args.settings = {}

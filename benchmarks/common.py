@@ -58,3 +58,38 @@ def run_grid_then_report(args, run, report) -> None:
 
         run(args, folder)
     print(report(folder, args.dataset))
+
+
+def grid_parser(description: str, name: str):
+    """The arguments every resumable grid shares; ``name``: its results folder under
+    ``benchmarks/results/`` and checkpoint folder under ``saved/``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dataset", default="lastfm")
+    parser.add_argument("--data_path", default="dataset/")
+    parser.add_argument("--seed", type=int, default=2020)
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / name))
+    parser.add_argument(
+        "--checkpoint_dir", default=f"saved/{name}", help="checkpoints and resume states"
+    )
+    parser.add_argument("--report", action="store_true", help="only write the table and figure")
+    return parser
+
+
+def grid_checkpoints(args) -> Path:
+    """Checkpoint folder of a grid's runs: one per results folder, so that two grids never
+    resume each other's runs."""
+    return Path(args.checkpoint_dir) / Path(args.out).name / args.dataset
+
+
+def write_report(folder: Path, stem: str, text: str, figure) -> None:
+    """A grid's table and figure beside its run folder, each whole or not at all."""
+    from recbole_freq.files import write_atomic
+
+    write_atomic(
+        folder.parent / f"{stem}.png", lambda handle: figure.savefig(handle, format="png", dpi=100)
+    )
+    write_atomic(folder.parent / f"{stem}.md", text + "\n")

@@ -25,16 +25,14 @@ figure from what is there.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
-from common import run_grid_then_report
+from common import grid_checkpoints, grid_parser, run_grid_then_report, write_report
 
 from recbole_freq.config import paper_reference_settings
 from recbole_freq.files import plain_value, write_atomic
 
-HERE = Path(__file__).resolve().parent
 RATIOS = [0.0, 0.05, 0.10, 0.15, 0.20, 0.25]
 MODELS = ["SASRec", "RecDenoiser"]
 METRICS = ["hit@10", "ndcg@10", "hit@20", "ndcg@20"]
@@ -50,7 +48,7 @@ def run_grid(args, folder: Path):
     from recbole_freq.quick_start import run
 
     seeds = args.seeds or [None]
-    checkpoints = Path(args.checkpoint_dir) / Path(args.out).name / args.dataset
+    checkpoints = grid_checkpoints(args)
     for seed in seeds:
         for ratio in args.ratios:
             for model in args.models:
@@ -224,31 +222,19 @@ def report(folder: Path, dataset: str) -> str:
         axis.legend()
     figure.suptitle(f"Noise robustness on {dataset}")
     figure.tight_layout()
-    png = folder.parent / f"noise-curve-{dataset}.png"
-    write_atomic(png, lambda handle: figure.savefig(handle, format="png", dpi=100))
-    write_atomic(folder.parent / f"noise-curve-{dataset}.md", text + "\n")
+    write_report(folder, f"noise-curve-{dataset}", text, figure)
     return text
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--dataset", default="lastfm")
-    parser.add_argument("--data_path", default="dataset/")
+    parser = grid_parser(__doc__, "noise-curve")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--ratios", default=",".join(str(r) for r in RATIOS))
     parser.add_argument(
         "--epochs", type=int, default=None, help="4; --paper: 0 = to early stopping"
     )
-    parser.add_argument("--seed", type=int, default=2020)
     parser.add_argument("--seeds", default="", help="several seeds, e.g. 2020,2021,2022")
     parser.add_argument("--paper", action="store_true", help="the paper's protocol and settings")
-    parser.add_argument("--out", default=str(HERE / "results" / "noise-curve"))
-    parser.add_argument(
-        "--checkpoint_dir", default="saved/noise-curve", help="--paper: checkpoints, resume states"
-    )
-    parser.add_argument("--report", action="store_true", help="only write the table and figure")
     args = parser.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     args.ratios = [float(r) for r in args.ratios.split(",") if r]

@@ -146,6 +146,7 @@ class TransformerRecommender(SequentialRecommender):
             **self.encoder_settings(config), key_value_relations=self.relations is not None
         )
         self.scale_sparsity_penalties(config, dataset)
+        self.read_mask_learning_rate(config)
         self.objective = build_objective(
             self.encoder,
             config_value(config, "jacobian_gamma", 0.0),
@@ -176,6 +177,10 @@ class TransformerRecommender(SequentialRecommender):
         self.sparsity_scale = scale
         for operator in operators:
             operator.sparsity_scale = scale
+
+    def read_mask_learning_rate(self, config) -> None:
+        """``mask_learning_rate`` (None: ``learning_rate``), checked; see
+        ``optimizer_parameter_groups``."""
         rate = config_value(config, "mask_learning_rate", None)
         if rate is not None:
             number = as_number(rate)
@@ -196,9 +201,9 @@ class TransformerRecommender(SequentialRecommender):
         0.9 (``Phi`` 2.2) to the pruning threshold 0.5 (``Phi`` 0), more than a small
         dataset trains to early stopping; the paper trains ``Phi`` and ``Theta`` jointly
         (Algorithm 1) and gives no rate for ``Phi``."""
-        if getattr(self, "mask_learning_rate", None) is None:
-            return None
         masks = [m.phi for m in self.encoder.modules() if isinstance(m, DenoisingMaskAttention)]
+        if self.mask_learning_rate is None or not masks:
+            return None
         chosen = {id(parameter) for parameter in masks}
         rest = [parameter for parameter in self.parameters() if id(parameter) not in chosen]
         return [{"params": rest}, {"params": masks, "lr": self.mask_learning_rate}]
