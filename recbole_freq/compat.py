@@ -22,9 +22,13 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
    ``load_data_and_model``, ``evaluate`` of another file) goes through the restricted
    loader of ``recbole_freq.checkpoint``, whoever wrote the file, and their
    ``torch.save`` through the plugin's atomic writer (``recbole_freq.files``), so a
-   failed re-save (a full disk) never replaces the previous good checkpoint.  RecBole
-   issues #2215 (evaluate after training), #2212 (the same break in NeuMF).  Tests:
-   ``test_compat.test_recboles_trainer_*``, ``test_untrusted_files``.
+   failed re-save (a full disk) never replaces the previous good checkpoint.
+   ``recbole.quick_start.load_data_and_model`` imports torch inside the function, so it
+   is replaced as a whole (``load_data_and_model`` below: the same six values, through
+   the plugin's ``restore_model``); the quick-start module is patched when it is first
+   imported (fix 12).  RecBole issues #2215 (evaluate after training), #2212 (the same
+   break in NeuMF).  Tests: ``test_compat.test_recboles_trainer_*``,
+   ``test_untrusted_files``, ``test_recbole_habits.test_recboles_load_data_and_model_*``.
 3. pandas 3 breaks RecBole silently (chained ``fillna(..., inplace=True)`` fills nothing
    under copy-on-write) and loudly (id remapping on datasets with ``.user``/``.item``
    files).  There is no safe patch for a silent change, so we require pandas < 3 and say
@@ -75,17 +79,42 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
 9. RecBole's ``Dataset._download`` fetches its own version of any dataset whose folder is
    missing, and several of its names (``ml-1m``, ``yelp``, ``lastfm`` ...) denote data
    that differ from the papers' preprocessed sets: a silently different dataset would
-   make every number wrong.  The replacement raises ``data.DatasetNotPreparedError``,
-   which names the ``dataset_prep`` command that prepares it.  Test:
-   ``test_recbole_never_downloads_a_missing_dataset``.
+   make every number wrong.  For a run of the plugin (its config a ``FreqConfig``) the
+   replacement raises ``data.DatasetNotPreparedError``, which names the ``dataset_prep``
+   command that prepares it; a program's own ``run_recbole`` in the same process keeps
+   RecBole's download.  Tests: ``test_recbole_never_downloads_a_missing_dataset``,
+   ``test_recbole_habits.test_a_programs_own_recbole_run_may_download_but_a_plugin_run_never``.
+
+10. ``Collector.get_data_struct`` calls ``.cpu()`` on everything it collected, but the
+    item count that ``ItemCoverage``, ``AveragePopularity``, ``GiniIndex`` and
+    ``TailPercentage`` need is an ``int``: every run with one of these metrics failed at
+    its first evaluation.  The replacement moves only tensors.  RecBole issue #2131.
+    Test: ``test_recbole_habits.test_recboles_non_accuracy_metrics_are_evaluated``.
+
+11. RecBole's trainer builds ``torch.cuda.amp.GradScaler`` every epoch, which torch >= 2.4
+    deprecates with a ``FutureWarning`` printed into every training run.  The trainer
+    module's ``amp`` becomes ``torch.amp``'s ``GradScaler`` and ``autocast`` for
+    ``"cuda"``, the same objects without the notice.  No RecBole issue found.  Test:
+    ``test_recbole_habits.test_training_prints_no_grad_scaler_deprecation``.
+
+12. ``recbole.quick_start`` imports Ray at module level (for ``run_hyper``), and patching
+    it (fixes 2 and 7) imported Ray into every run: seconds of start-up and Ray's own
+    warnings for a job that never searches.  Its patches now run when a program first
+    imports it (``when_imported``: an import hook that patches the module right after it
+    executes), or at once if it already was.  Tests:
+    ``test_recbole_habits.test_importing_the_plugin_imports_no_ray_*``,
+    ``test_a_plain_training_run_imports_no_ray``.
 
 ``apply()`` is idempotent and runs when ``recbole_freq`` is imported.
 """
 
 from __future__ import annotations
 
+import copy
+import importlib.abc
 import logging
 import os
+import sys
 import types
 import warnings
 
@@ -179,7 +208,6 @@ def saved_state(trainer) -> dict | None:
 
 
 def _snapshot(model) -> dict:
-    import copy
 
     return {
         "state_dict": {name: value.detach().clone() for name, value in model.state_dict().items()},
@@ -187,13 +215,83 @@ def _snapshot(model) -> dict:
     }
 
 
+class _PatchAfterImport(importlib.abc.MetaPathFinder):
+    """Runs the patches of ``when_imported`` right after their module executes (fix 12)."""
+
+    def find_spec(self, name, path, target=None):
+        if name not in _AFTER_IMPORT:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _LoaderThenPatch(spec.loader, name)
+                return spec
+        return None
+
+
+class _LoaderThenPatch(importlib.abc.Loader):
+    def __init__(self, loader, name: str):
+        self.loader, self.name = loader, name
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        for patch in _AFTER_IMPORT.get(self.name, ()):
+            patch(module)
+
+
+# Module name -> patches to run once it is imported (fix 12).
+_AFTER_IMPORT: dict[str, list] = {}
+
+
+def when_imported(name: str, patch) -> None:
+    """Run ``patch(module)`` on module ``name``: now if it is imported, else right after
+    its first import, so that patching a module never imports it (fix 12)."""
+    if name in sys.modules:
+        patch(sys.modules[name])
+        return
+    _AFTER_IMPORT.setdefault(name, []).append(patch)
+    if not any(isinstance(finder, _PatchAfterImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _PatchAfterImport())
+
+
+def load_data_and_model(model_file):
+    """RecBole's ``recbole.quick_start.load_data_and_model`` on the restricted loader of
+    ``recbole_freq.checkpoint`` (fix 2): the same six values, for RecBole's and the
+    plugin's models, on the GPU when there is one, and no code run from the file."""
+    import torch
+
+    from recbole_freq.checkpoint import restore_model
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, config, dataset, (train_data, valid_data, test_data), _ = restore_model(
+        model_file, device=device
+    )
+    return config, model, dataset, train_data, valid_data, test_data
+
+
+def _patch_recbole_quick_start(quick_start) -> None:
+    import recbole.data
+    import recbole.utils
+
+    quick_start.torch = _torch_with_safe_files()
+    quick_start.load_data_and_model = load_data_and_model
+    # What fixes 7 and 8 put in place, for a quick-start imported before the plugin.
+    quick_start.init_logger = recbole.utils.init_logger
+    quick_start.create_dataset = recbole.data.create_dataset
+    package = sys.modules.get("recbole.quick_start")
+    if package is not None and hasattr(package, "load_data_and_model"):
+        package.load_data_and_model = load_data_and_model
+
+
 def _patch_recbole_checkpoint_loading() -> None:
-    import recbole.quick_start.quick_start as quick_start
     import recbole.trainer.trainer as trainer_module
 
-    shim = _torch_with_safe_files()
-    trainer_module.torch = shim
-    quick_start.torch = shim
+    trainer_module.torch = _torch_with_safe_files()
     Trainer = trainer_module.Trainer
 
     original_save, original_evaluate = Trainer._save_checkpoint, Trainer.evaluate
@@ -284,12 +382,11 @@ def current_log_file() -> str | None:
 def _give_each_run_its_own_log() -> None:
     import secrets
 
-    import recbole.quick_start.quick_start as quick_start
     import recbole.utils
     import recbole.utils.logger
 
     replacement = _init_logger_per_run(recbole.utils.logger.init_logger)
-    for module in (recbole.utils.logger, recbole.utils, quick_start):
+    for module in (recbole.utils.logger, recbole.utils):
         module.init_logger = replacement
     local_time = recbole.utils.logger.get_local_time
     # Only the logger's copy: the log (and TensorBoard) names, nothing else.
@@ -377,16 +474,56 @@ def _never_read_pickled_caches() -> None:
                 setattr(module, name, replacement)
 
 
-def _refuse_download(dataset):
-    from recbole_freq.data import not_prepared_error
-
-    raise not_prepared_error(dataset.dataset_name, dataset.dataset_path)
-
-
 def _never_download_datasets() -> None:
     from recbole.data.dataset import Dataset
 
-    Dataset._download = _refuse_download
+    recboles_download = Dataset._download
+
+    def _download(dataset):
+        from recbole_freq.config import FreqConfig
+        from recbole_freq.data import not_prepared_error
+
+        if not isinstance(dataset.config, FreqConfig):
+            return recboles_download(dataset)  # a program's own RecBole run: its choice
+        raise not_prepared_error(dataset.dataset_name, dataset.dataset_path)
+
+    _download.__wrapped__ = recboles_download
+    Dataset._download = _download
+
+
+def _collector_moves_only_tensors() -> None:
+    from recbole.evaluator.collector import Collector
+
+    def get_data_struct(self):
+        # RecBole's, but its counts (ints, e.g. the item count for ItemCoverage) stay as
+        # they are instead of failing on ``.cpu()``.
+        data = self.data_struct._data_dict
+        for key, value in data.items():
+            if hasattr(value, "cpu"):
+                data[key] = value.cpu()
+        returned_struct = copy.deepcopy(self.data_struct)
+        for key in ["rec.topk", "rec.meanrank", "rec.score", "rec.items", "data.label"]:
+            if key in self.data_struct:
+                del self.data_struct[key]
+        return returned_struct
+
+    Collector.get_data_struct = get_data_struct
+
+
+def _grad_scaler_of_torch_amp() -> None:
+    import functools
+
+    import recbole.trainer.trainer as trainer_module
+    import torch
+
+    trainer_module.amp = types.SimpleNamespace(
+        GradScaler=functools.partial(torch.amp.GradScaler, "cuda"),
+        autocast=functools.partial(torch.amp.autocast, "cuda"),
+    )
+
+
+def _guard_recboles_quick_start() -> None:
+    when_imported("recbole.quick_start.quick_start", _patch_recbole_quick_start)
 
 
 def apply() -> None:
@@ -403,4 +540,7 @@ def apply() -> None:
     _give_each_run_its_own_log()
     _never_read_pickled_caches()
     _never_download_datasets()
+    _collector_moves_only_tensors()
+    _grad_scaler_of_torch_amp()
+    _guard_recboles_quick_start()
     _applied = True

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from recbole.data import create_dataset, data_preparation
 from recbole.data.utils import create_samplers, get_dataloader
-from recbole.utils import init_logger, init_seed
+from recbole.utils import dict2str, init_logger, init_seed, set_color
 
 from recbole_freq.checkpoint import weights_fingerprint
 from recbole_freq.compat import current_log_file, saved_state
@@ -204,6 +204,7 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
         )
     except torch.OutOfMemoryError as error:
         raise TrainingOutOfMemory(config) from error
+    log_results(logger, best_valid_result, test_result, extra_test_results)
     n_epochs = len(recorder.epochs)
     best_state = saved_state(trainer) if saved else None
     summary = {
@@ -471,13 +472,30 @@ def check_output_locations(config, saved: bool) -> None:
     check_writable("log_tensorboard", "the TensorBoard folder")
 
 
+def log_results(logger, best_valid_result, test_result, extra_test_results) -> None:
+    """The closing lines of RecBole's ``run_recbole`` log, which users grep for."""
+    logger.info(set_color("best valid ", "yellow") + f": {dict2str(best_valid_result or {})}")
+    logger.info(set_color("test result", "yellow") + f": {dict2str(test_result)}")
+    for mode, result in extra_test_results.items():
+        logger.info(set_color(f"test result ({mode})", "yellow") + f": {dict2str(result)}")
+
+
 def unique_checkpoint_path(config) -> str:
-    """RecBole names checkpoints ``<model>-<time to the second>.pth``, so two runs started
-    in the same second (parallel trials, comparison workers) overwrite each other; add the
-    dataset and a random suffix."""
-    stamp = time.strftime("%b-%d-%Y_%H-%M-%S")
-    name = f"{config['model']}-{config['dataset']}-{stamp}-{uuid.uuid4().hex[:8]}.pth"
-    return str(Path(config["checkpoint_dir"]) / name)
+    """The run's log file name with ``.pth``, so that log, checkpoint and summary of one
+    run share a name.  RecBole names checkpoints ``<model>-<time to the second>.pth``, so
+    two runs started in the same second (parallel trials, comparison workers) overwrite
+    each other; the log name is unique (compat fix 7), and a random suffix is added should
+    the name be taken anyway or the run have no log file."""
+    log_file = current_log_file()
+    if log_file:
+        stem = Path(log_file).stem
+    else:
+        stamp = time.strftime("%b-%d-%Y_%H-%M-%S")
+        stem = f"{config['model']}-{config['dataset']}-{stamp}-{uuid.uuid4().hex[:8]}"
+    path = Path(config["checkpoint_dir"]) / f"{stem}.pth"
+    if path.exists() or path.with_suffix(".json").exists():
+        path = path.with_name(f"{stem}-{uuid.uuid4().hex[:8]}.pth")
+    return str(path)
 
 
 def extra_test_modes(config) -> list[str]:

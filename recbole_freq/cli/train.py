@@ -16,7 +16,6 @@ from recbole_freq.cli.common import (
 from recbole_freq.quick_start import (
     DEFAULT_DATASET,
     DEFAULT_MODEL,
-    REPORTED_METRICS,
     SummaryNotWrittenError,
     resume_run,
     run,
@@ -98,7 +97,9 @@ def _default_job_files(args) -> list[str]:
 def format_summary(summary: dict) -> str:
     """Readable end-of-run report: metrics table, epochs, time, files."""
     valid, test = summary["best_valid_result"], summary["test_result"]
-    metrics = [m for m in REPORTED_METRICS if m in test] or list(test)
+    # Every metric the run's config asked for (metrics x topk), in RecBole's order.
+    metrics = list(test)
+    width = max([len("metric"), *map(len, metrics)]) + 2
     minutes, seconds = divmod(summary["total_seconds"], 60)
     stop = "early stopping" if summary["stopped_early"] else "epoch budget reached"
     lines = [
@@ -113,16 +114,18 @@ def format_summary(summary: dict) -> str:
         f"{summary['train_seconds_per_epoch']:.1f} s per training epoch; "
         f"{summary['parameters']:,} parameters",
         "",
-        f"{'metric':<10}{'valid (best)':>14}{'test':>10}",
+        f"{'metric':<{width}}{'valid (best)':>14}{'test':>10}",
     ]
     for metric in metrics:
         valid_value = valid.get(metric)
         valid_text = f"{valid_value:.4f}" if valid_value is not None else "-"
-        lines.append(f"{metric:<10}{valid_text:>14}{test[metric]:>10.4f}")
+        lines.append(f"{metric:<{width}}{valid_text:>14}{test[metric]:>10.4f}")
     lines.append("")
     lines.append(f"checkpoint: {summary['checkpoint']}")
     if summary.get("summary_file"):
         lines.append(f"summary:    {summary['summary_file']}")
+    if summary.get("log_file"):
+        lines.append(f"log:        {summary['log_file']}")
     lines.append("=" * 60)
     return "\n".join(lines)
 

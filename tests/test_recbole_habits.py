@@ -1,0 +1,185 @@
+"""What an experienced RecBole user does next just works: their metrics in the summary, the
+result in the log, RecBole's reload API, their own ``run_recbole`` left alone."""
+
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT
+from recbole_freq.cli import main
+from recbole_freq.cli.train import format_summary
+from recbole_freq.quick_start import run
+
+# RecBole's collector crashed on these after the first evaluation (compat fix 10).
+NON_ACCURACY_METRICS = ["ItemCoverage", "AveragePopularity", "GiniIndex", "TailPercentage"]
+
+
+@pytest.mark.parametrize("metric", NON_ACCURACY_METRICS)
+def test_recboles_non_accuracy_metrics_are_evaluated(small_config, metric):
+    summary = run(
+        "SASRec",
+        "tiny",
+        config_dict=dict(small_config, metrics=["Hit", metric], topk=[3], valid_metric="Hit@3"),
+    )
+    key = f"{metric.lower()}@3"
+    # a share of the catalogue or of the lists (average popularity: a training count)
+    upper = 1.0 if metric != "AveragePopularity" else float("inf")
+    assert 0 < summary["test_result"][key] <= upper
+    assert [0 < epoch["valid"][key] <= upper for epoch in summary["history"]] == [True, True]
+
+
+def test_training_prints_no_grad_scaler_deprecation(small_config):
+    # torch.cuda.amp.GradScaler, as RecBole's trainer builds it each epoch (compat fix 11).
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run("SASRec", "tiny", config_dict=dict(small_config, epochs=1))
+    assert [str(w.message) for w in caught if "GradScaler" in str(w.message)] == []
+
+
+def test_the_summary_shows_the_metrics_the_user_chose(small_config, capsys):
+    overrides = dict(
+        small_config, epochs=1, metrics="['MRR','NDCG']", topk="[5]", valid_metric="MRR@5"
+    )
+    assert (
+        main(["--model=SASRec", "--dataset=tiny", *[f"--{k}={v}" for k, v in overrides.items()]])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "by valid MRR@5" in out
+    rows = [line.split()[0] for line in out.splitlines() if "@" in line.split(" ")[0]]
+    assert rows == ["mrr@5", "ndcg@5"]
+
+
+def test_a_summary_shows_every_metric_it_holds():
+    summary = {
+        "model": "SASRec", "dataset": "tiny", "seed": 1, "device": "cpu",
+        "config": {"data_path": "d"}, "epochs_run": 1, "stopped_early": False,
+        "best_epoch": 0, "valid_metric": "MRR@5", "total_seconds": 1.0,
+        "train_seconds_per_epoch": 1.0, "parameters": 10, "checkpoint": "c.pth",
+        "best_valid_result": {"hit@5": 0.5, "mrr@5": 0.25, "averagepopularity@5": 12.5},
+        "test_result": {"hit@5": 0.4, "mrr@5": 0.2, "averagepopularity@5": 11.0},
+        "log_file": "log/SASRec/c.log",
+    }  # fmt: skip
+    text = format_summary(summary)
+    for row in ("hit@5", "mrr@5", "averagepopularity@5"):
+        assert row in text
+    assert "log:        log/SASRec/c.log" in text
+
+
+def test_the_log_ends_with_the_result_and_names_the_checkpoint(small_config):
+    summary = run(
+        "SASRec", "tiny", config_dict=dict(small_config, extra_test_modes=["uni100"], state="INFO")
+    )
+    log, checkpoint = Path(summary["log_file"]), Path(summary["checkpoint"])
+    assert log.stem == checkpoint.stem and Path(summary["summary_file"]).stem == log.stem
+    last_lines = log.read_text().splitlines()[-3:]
+    assert [line.split("INFO  ")[1].split(":")[0].strip() for line in last_lines] == [
+        "best valid",
+        "test result",
+        "test result (uni100)",
+    ]
+    test_line = last_lines[1]
+    assert f"hit@10 : {summary['test_result']['hit@10']}" in test_line
+
+
+def test_recboles_load_data_and_model_reloads_a_plugin_checkpoint(small_config):
+    from recbole.quick_start import load_data_and_model
+    from recbole.utils.case_study import full_sort_topk
+
+    from recbole_freq.checkpoint import restore_model
+
+    summary = run("BSARec", "tiny", config_dict=dict(small_config, epochs=1))
+    config, model, dataset, _, _, test_data = load_data_and_model(summary["checkpoint"])
+    assert config["model"] == "BSARec" and type(model).__name__ == "BSARec"
+    users = dataset.token2id(dataset.uid_field, ["1", "2", "3"])
+    scores, items = full_sort_topk(users, model, test_data, k=5, device=config["device"])
+    # The plugin's own API scores the same model the same way.
+    own, _, _, (_, _, own_test), _ = restore_model(summary["checkpoint"])
+    own_scores, own_items = full_sort_topk(users, own, own_test, k=5, device="cpu")
+    assert torch.equal(items.cpu(), own_items) and torch.allclose(scores.cpu(), own_scores)
+
+
+def test_recboles_load_data_and_model_runs_no_code_from_a_checkpoint(tmp_path):
+    from recbole.quick_start import load_data_and_model
+
+    from recbole_freq.compat import UntrustedCheckpointError
+
+    path = tmp_path / "evil.pth"
+    torch.save({"config": subprocess.Popen, "state_dict": {}}, path)
+    with pytest.raises(UntrustedCheckpointError):
+        load_data_and_model(str(path))
+
+
+def test_a_programs_own_recbole_run_may_download_but_a_plugin_run_never(tmp_path, monkeypatch):
+    import recbole.data.dataset.dataset as dataset_module
+    from recbole.config import Config
+    from recbole.data import create_dataset
+
+    from recbole_freq.config import FreqConfig
+    from recbole_freq.data import DatasetNotPreparedError
+
+    asked = []
+
+    class NoNetworkHere(Exception):
+        pass
+
+    def decide_download(url):
+        asked.append(url)
+        raise NoNetworkHere
+
+    monkeypatch.setattr(dataset_module, "decide_download", decide_download)
+    overrides = {"data_path": str(tmp_path), "train_neg_sample_args": None}
+    with pytest.raises(NoNetworkHere):
+        create_dataset(Config("SASRec", "ml-1m", config_dict=overrides))
+    assert len(asked) == 1 and "ml-1m" in asked[0]  # RecBole's own behaviour, untouched
+    with pytest.raises(DatasetNotPreparedError):
+        create_dataset(FreqConfig("SASRec", "ml-1m", config_dict=overrides))
+    assert len(asked) == 1
+
+
+IMPORT_CHECK = """
+import sys
+{first}
+print("ray" in sys.modules)
+from recbole.quick_start import load_data_and_model
+import recbole.quick_start.quick_start as quick_start
+print(load_data_and_model.__module__, quick_start.load_data_and_model.__module__,
+      quick_start.torch.load.__module__)
+"""
+
+
+@pytest.mark.parametrize(
+    "first", ["import recbole_freq", "import recbole.quick_start, recbole_freq"]
+)
+def test_importing_the_plugin_imports_no_ray_and_still_guards_recboles_quick_start(first):
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORT_CHECK.format(first=first)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    ray_imported, modules = done.stdout.splitlines()
+    assert ray_imported == ("True" if "recbole.quick_start" in first else "False")
+    assert modules.split() == ["recbole_freq.compat"] * 3
+
+
+def test_a_plain_training_run_imports_no_ray(tiny_data, tmp_path):
+    code = (
+        "import sys\n"
+        "from recbole_freq.cli import main\n"
+        f"code = main(['--model=SASRec', '--dataset=tiny', '--data_path={tiny_data}',"
+        f" '--checkpoint_dir={tmp_path}', '--epochs=1', '--hidden_size=16',"
+        " '--inner_size=32', '--show_progress=False', '--state=WARNING'])\n"
+        "print(code, 'ray' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "0 False"
