@@ -2,6 +2,7 @@
 
 from recbole_freq import compat
 
+compat.require_recbole()
 compat.apply()
 
 from recbole_freq.config import FreqConfig, get_model_class  # noqa: E402

@@ -105,7 +105,15 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
     ``test_recbole_habits.test_importing_the_plugin_imports_no_ray_*``,
     ``test_a_plain_training_run_imports_no_ray``.
 
-``apply()`` is idempotent and runs when ``recbole_freq`` is imported.
+13. pip cannot install RecBole 1.2.1 next to this stack (fix 5), so ``pip install
+    recbole-freq`` leaves it out, and a missing or other RecBole ended in a raw
+    ``ModuleNotFoundError`` traceback.  ``require_recbole`` (run first on import) raises
+    ``RecBoleMissingError`` naming the one command that installs it; uncaught, it prints
+    that one line (no traceback) and Python exits with 1.  Test:
+    ``test_packaging.test_a_fresh_environment_*``.
+
+``apply()`` is idempotent and runs when ``recbole_freq`` is imported, after
+``require_recbole()``.
 """
 
 from __future__ import annotations
@@ -134,6 +142,51 @@ _NUMPY_ALIASES = {
 }
 
 _applied = False
+
+RECBOLE_VERSION = "1.2.1"
+RECBOLE_INSTALL = f"pip install --no-deps recbole=={RECBOLE_VERSION}"
+
+
+class RecBoleMissingError(ImportError):
+    """RecBole is not installed, or not the release the plugin is built on (fix 13)."""
+
+
+def require_recbole() -> None:
+    """``RecBoleMissingError`` unless RecBole 1.2.1 is installed (fix 13)."""
+    import importlib.metadata
+    import importlib.util
+
+    if importlib.util.find_spec("recbole") is None:
+        found = "it is not installed"
+    else:
+        try:
+            version = importlib.metadata.version("recbole")
+        except importlib.metadata.PackageNotFoundError:
+            return  # a source checkout of RecBole on the path: trust it
+        if version == RECBOLE_VERSION:
+            return
+        found = f"found RecBole {version}"
+    _print_uncaught_as_one_line(RecBoleMissingError)
+    raise RecBoleMissingError(
+        f"recbole-freq needs RecBole {RECBOLE_VERSION} ({found}); pip leaves it out because "
+        "its metadata pins ray<=2.6.3, which cannot run on numpy 2. Install it with: "
+        f"{RECBOLE_INSTALL}",
+        name="recbole",
+    )
+
+
+def _print_uncaught_as_one_line(error_type: type[BaseException]) -> None:
+    """An uncaught ``error_type`` prints ``error: <message>`` instead of a traceback;
+    every other exception is left to the previous hook."""
+    previous = sys.excepthook
+
+    def excepthook(kind, value, traceback):
+        if isinstance(value, error_type):
+            print(f"error: {value}", file=sys.stderr)
+        else:
+            previous(kind, value, traceback)
+
+    sys.excepthook = excepthook
 
 
 def _restore_numpy_aliases() -> None:

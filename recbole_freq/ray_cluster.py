@@ -23,8 +23,35 @@ class RaySetupError(ValueError):
     """Ray cannot be imported, reached or started as asked."""
 
 
+# The oldest Ray tested on numpy 2 (setup.cfg asks for it too).
+OLDEST_RAY = (2, 40)
+
+
+def _ray_older_than(oldest: tuple[int, int]) -> str | None:
+    """The installed Ray's version if it is older than ``oldest``, else ``None`` (also
+    when Ray is not installed or its version is unreadable: the import then says why)."""
+    import importlib.metadata
+    import re
+
+    try:
+        version = importlib.metadata.version("ray")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    numbers = re.match(r"(\d+)\.(\d+)", version)
+    if numbers and tuple(map(int, numbers.groups())) < oldest:
+        return version
+    return None
+
+
 def import_ray(purpose: str, install: str, error: type[Exception] = RaySetupError):
     """``import ray`` (and ``ray.tune`` when ``install`` names it), or ``error``."""
+    too_old = _ray_older_than(OLDEST_RAY)
+    if too_old:
+        raise error(
+            f"{purpose} needs Ray >= {'.'.join(map(str, OLDEST_RAY))}, found {too_old}, which "
+            "cannot import on numpy 2 (installing RecBole without --no-deps brings Ray 2.6.3 "
+            f"back). Install a current one with: pip install '{install}>={'.'.join(map(str, OLDEST_RAY))}'"
+        )
     try:
         import ray
 

@@ -1,34 +1,33 @@
-"""A regular (non-editable) install ships the property files and both packages."""
+"""A regular (non-editable) install ships the property files and both packages, and a
+fresh environment with the wheel runs the plugin from outside the repository."""
 
 import os
 import subprocess
 import sys
+import sysconfig
 import zipfile
+from pathlib import Path
+
+import pytest
 
 from conftest import REPO_ROOT
 
 
-def test_wheel_install_finds_property_files(tmp_path):
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The project's wheel, built once (as ``pip wheel .`` builds it)."""
+    out = tmp_path_factory.mktemp("wheel")
     build = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path / "wheel"),
-            str(REPO_ROOT),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(out), str(REPO_ROOT)],
+        capture_output=True, text=True, timeout=300, cwd=out,
+    )  # fmt: skip
     assert build.returncode == 0, build.stderr
-    (wheel,) = (tmp_path / "wheel").glob("recbole_freq-*.whl")
+    (built,) = out.glob("recbole_freq-*.whl")
+    return built
+
+
+def test_wheel_install_finds_property_files(tmp_path, wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for expected in (
         "recbole_freq/properties/overall.yaml",
@@ -44,6 +43,7 @@ def test_wheel_install_finds_property_files(tmp_path):
         "recbole_freq/model/encoder.py",
     ):
         assert expected in names
+    assert any(name.endswith(".dist-info/LICENSE") or "/licenses/LICENSE" in name for name in names)
 
     target = tmp_path / "site"
     install = subprocess.run(
@@ -79,3 +79,79 @@ def test_wheel_install_finds_property_files(tmp_path):
     assert result.returncode == 0, result.stderr
     assert str(target) in result.stdout and "paper/BSARec/lastfm.yaml" in result.stdout
     assert str(REPO_ROOT / "properties") not in result.stdout
+
+
+# What the fresh environment must not see of this one: RecBole (installed in a second step,
+# as the README says) and the editable install of this checkout.
+NOT_SHARED = ("recbole", "__editable__", "_recbole_freq", "dataset_prep")
+
+
+def fresh_environment(root: Path, wheel: Path) -> tuple[Path, Path]:
+    """A new virtual environment holding the wheel, whose other packages are this
+    environment's (linked, not downloaded: the machines here have no network), RecBole
+    left out.  Returns ``(its python, the folder of its shared packages)``."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
+    python = root / "venv" / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+    )  # fmt: skip
+    shared = root / "shared-packages"
+    shared.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.lower().startswith(NOT_SHARED) and not entry.name.endswith(".pth"):
+            (shared / entry.name).symlink_to(entry)
+    (site / "shared-packages.pth").write_text(f"{shared}\n")
+    install = subprocess.run(
+        [python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert install.returncode == 0, install.stderr
+    return python, shared
+
+
+def test_a_fresh_environment_names_the_recbole_command_then_runs_from_outside_the_repository(
+    tmp_path, wheel, tiny_data
+):
+    python, shared = fresh_environment(tmp_path, wheel)
+    command = python.parent / "recbole-freq"
+    outside = tmp_path / "work"
+    outside.mkdir()
+
+    def run(*args):
+        return subprocess.run(
+            [str(a) for a in args], capture_output=True, text=True, timeout=300, cwd=outside,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        )  # fmt: skip
+
+    job = [command, "--model=SASRec", "--dataset=tiny", f"--data_path={tiny_data}"]
+    job += ["--config_files", "protocol/uni100", "--epochs=1", "--hidden_size=16"]
+    job += ["--inner_size=32", "--show_progress=False", "--state=WARNING"]
+
+    # pip leaves RecBole out: one line naming the command that installs it.
+    missing = run(*job)
+    assert missing.returncode == 1 and missing.stdout == ""
+    assert missing.stderr.strip().splitlines() == [
+        "error: recbole-freq needs RecBole 1.2.1 (it is not installed); pip leaves it out "
+        "because its metadata pins ray<=2.6.3, which cannot run on numpy 2. Install it with: "
+        "pip install --no-deps recbole==1.2.1"
+    ]
+
+    # That command, done here by linking this environment's RecBole 1.2.1.
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    for entry in purelib.glob("recbole*"):
+        if entry.name == "recbole" or entry.name.startswith("recbole-1.2.1"):
+            (shared / entry.name).symlink_to(entry)
+    where = run(python, "-c", "import recbole_freq; print(recbole_freq.__file__)")
+    assert where.returncode == 0, where.stderr
+    assert where.stdout.startswith(str(tmp_path / "venv")), where.stdout
+
+    done = run(*job)
+    assert done.returncode == 0, done.stderr
+    assert "recbole-freq  SASRec on tiny" in done.stdout and "checkpoint:" in done.stdout
+    assert list((outside / "saved").glob("SASRec-tiny-*.pth"))
+    # python -m recbole_freq is the same command; its --help names the built-in files.
+    helped = run(python, "-m", "recbole_freq", "--help")
+    assert helped.returncode == 0 and "protocol/uni100" in helped.stdout
