@@ -197,6 +197,41 @@ def read_config_file(path) -> dict:
     return loaded
 
 
+def builtin_files(suffix: str = ".yaml") -> list[str]:
+    """The plugin's property files with ``suffix`` as they can be named on the command
+    line: relative to ``properties/``, without the suffix (``protocol/uni100``)."""
+    root = properties_dir()
+    return sorted(
+        path.relative_to(root).with_suffix("").as_posix()
+        for path in root.rglob(f"*{suffix}")
+        if path.is_file()
+    )
+
+
+def find_config_file(name, suffix: str = ".yaml", what: str = "config file") -> Path:
+    """The file ``name`` means: the user's file of that path if there is one, else the
+    plugin's property file of that name (``protocol/uni100``, ``protocol/uni100.yaml`` or
+    ``properties/protocol/uni100.yaml``, so that the README's paths also work for an
+    installed copy); ``FileNotFoundError`` naming the built-in files otherwise."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    relative = path.as_posix().removeprefix("properties/")
+    if not relative.endswith(suffix):
+        relative += suffix
+    builtin = properties_dir() / relative
+    if not path.is_absolute() and builtin.is_file():
+        return builtin
+    import difflib
+
+    close = difflib.get_close_matches(relative.removesuffix(suffix), builtin_files(suffix), n=3)
+    hint = f"closest: {', '.join(close)}; " if close else ""
+    raise FileNotFoundError(
+        f"{what} {str(name)!r} does not exist, and no built-in file has that name ({hint}"
+        "run_recbole_freq.py --help lists them)"
+    )
+
+
 def check_name_component(name, what: str) -> None:
     """``name`` becomes part of file names (checkpoints, logs, folders): it must be one
     path component, so that no file is written outside the folder it belongs to."""
@@ -253,11 +288,7 @@ class FreqConfig(Config):
         self._shared_with = tuple(get_model_class(name) for name in shared_with)
         model_class = get_model_class(model)
         files = property_files(model_class.__name__, dataset, paper)
-        user_files = []
-        for path in config_file_list or []:
-            if not Path(path).is_file():
-                raise FileNotFoundError(f"config file {path!r} does not exist")
-            user_files.append(str(path))
+        user_files = [str(find_config_file(path)) for path in config_file_list or []]
         given_dict = dict(config_dict or {})
         protocol = chosen_protocol(files + user_files, given_dict, self._cmd_overrides)
         files.insert(1, protocol_file(protocol))

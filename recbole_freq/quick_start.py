@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 from recbole.data import create_dataset, data_preparation
+from recbole.data.transform import construct_transform
 from recbole.data.utils import create_samplers, get_dataloader
-from recbole.utils import dict2str, init_logger, init_seed, set_color
+from recbole.utils import dict2str, get_flops, init_logger, init_seed, set_color
 
 from recbole_freq.checkpoint import weights_fingerprint
 from recbole_freq.compat import current_log_file, saved_state
@@ -164,6 +165,7 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
     model_instance = new_model(config, train_data)
     use_full_sort_for_sampled_scoring(model_instance)
     logger.info(model_instance)
+    log_flops(config, model_instance, recbole_dataset, logger)
     trainer = protocol_trainer(config, model_instance)
     trainer.saved_model_file = unique_checkpoint_path(config)
     recorder = TrainingRecorder(trainer)
@@ -470,6 +472,16 @@ def check_output_locations(config, saved: bool) -> None:
         check_writable(config["checkpoint_dir"], "checkpoint_dir")
     check_writable("log", "the log folder")
     check_writable("log_tensorboard", "the TensorBoard folder")
+
+
+def log_flops(config, model, dataset, logger) -> None:
+    """Count and log the model's FLOPs where RecBole's ``run_recbole`` does.  The count
+    applies the model's transform to one row (BERT4Rec's masking draws from Python's
+    ``random``) before one ``predict``, so counting at the same point keeps every later
+    draw, and with it a RecBole model's numbers, equal to ``run_recbole``'s."""
+    transform = construct_transform(config)
+    flops = get_flops(model, dataset, config["device"], logger, transform)
+    logger.info(set_color("FLOPs", "blue") + f": {flops}")
 
 
 def log_results(logger, best_valid_result, test_result, extra_test_results) -> None:

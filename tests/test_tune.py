@@ -212,6 +212,20 @@ def test_missing_ray_is_a_clear_error(tmp_path, small_config, monkeypatch):
         )
 
 
+def test_rays_release_pinned_by_recbole_is_a_clear_error(tmp_path, small_config, monkeypatch):
+    # `pip install recbole==1.2.1` without --no-deps installs Ray 2.6.3 (no numpy 2).
+    import importlib.metadata
+
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: "2.6.3" if name == "ray" else real_version(name)
+    )
+    with pytest.raises(TuneSetupError, match=r"found 2\.6\.3.*pip install 'ray\[tune\]>=2\.40'"):
+        tune_model(
+            "BSARec", "tiny", _hyper(tmp_path, "alpha choice [0.1]"), config_dict=small_config
+        )
+
+
 @pytest.mark.parametrize("via_env", [False, True])
 def test_unreachable_cluster_is_a_clear_error(tmp_path, small_config, capsys, monkeypatch, via_env):
     with socket.socket() as probe:  # a port nothing listens on
@@ -245,7 +259,9 @@ def test_two_trial_search_writes_ranked_trials_and_a_trainable_best_yaml(
     # made absolute for the trials.
     settings = dict(SMALL_MODEL, epochs=2, data_path=os.path.relpath(tiny_data, tmp_path))
     settings.update(checkpoint_dir="saved", log_wandb=False)
-    argv = ["--model=BSARec", "--dataset=tiny", "--hyper_file", hyper, "--num_cpus=2"]
+    # RecBole's run_hyper.py flags: --params_file names the space, --output_file the report.
+    argv = ["--model=BSARec", "--dataset=tiny", "--params_file", hyper, "--num_cpus=2"]
+    argv += ["--output_file", str(tmp_path / "hyper_result.txt")]
     # ASHA after one validation round; trials one after the other, so that the second
     # (alpha 0.7, worse after epoch 0 with these seeds) meets the first's rung result.
     argv += ["--storage_path=results", "--name=search", "--verbose=0", "--grace_period=1"]
@@ -254,6 +270,8 @@ def test_two_trial_search_writes_ranked_trials_and_a_trainable_best_yaml(
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "| rank | trial | alpha | valid NDCG@20 (best) |" in printed
+    report = (tmp_path / "hyper_result.txt").read_text()
+    assert report.startswith("| rank | trial |") and printed.endswith(report)  # after Ray's
 
     experiment = tmp_path / "results" / "search"
     with open(experiment / "trials.csv") as handle:
@@ -344,7 +362,9 @@ def test_ctrl_c_in_a_search_keeps_finished_trials_and_names_the_resume_command(
 
     hyper = _hyper(tmp_path, "alpha choice [0.1,0.5,0.9]\n")
     settings = dict(SMALL_MODEL, epochs=2, data_path=str(tiny_data), checkpoint_dir="saved")
-    argv = ["--model=BSARec", "--dataset=tiny", "--hyper_file", hyper, "--num_cpus=2"]
+    # RecBole's run_hyper.py flags: --params_file names the space, --output_file the report.
+    argv = ["--model=BSARec", "--dataset=tiny", "--params_file", hyper, "--num_cpus=2"]
+    argv += ["--output_file", str(tmp_path / "hyper_result.txt")]
     argv += ["--storage_path=results", "--name=stopped", "--verbose=0", "--max_concurrent=1"]
     argv += ["--scheduler=none", "--search=grid"]
     argv += [f"--{key}={value}" for key, value in settings.items()]

@@ -14,6 +14,17 @@ from recbole_freq.cli.common import UsageError, report_error, report_interrupt
 
 # The flag that selects a job other than training -> the job's command-line module.
 JOBS = ("--hyper_file", "--compare", "--analyze", "--recommend", "--evaluate")
+# RecBole's run_hyper.py flags -> the plugin's own (its --output_file is the search's too).
+RECBOLE_SYNONYMS = {"--params_file": "--hyper_file"}
+
+
+def with_plugin_flags(argv: list[str]) -> list[str]:
+    """``argv`` with RecBole's ``run_hyper.py`` flags written as the plugin's."""
+    renamed = []
+    for arg in argv:
+        flag, equals, value = arg.partition("=")
+        renamed.append(RECBOLE_SYNONYMS.get(flag, flag) + equals + value)
+    return renamed
 
 
 def selected_job(argv: list[str]) -> str | None:
@@ -43,7 +54,7 @@ def job_module(flag: str | None):
 
 def main(argv=None) -> int:
     """The entry point: every job, one rule for failures (``exit_code``) and interrupts."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = with_plugin_flags(list(sys.argv[1:] if argv is None else argv))
     try:
         flag = selected_job(argv)
         job = job_module(flag)

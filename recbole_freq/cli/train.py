@@ -56,13 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train and evaluate a recbole-freq or RecBole model. Any other "
         "--key=value is a RecBole config override, as in RecBole's run_recbole.py.",
-        epilog=MODES_HELP,
+        epilog=MODES_HELP + builtin_files_help(),
     )
-    parser.add_argument("--model", "-m", default=DEFAULT_MODEL, help="model name (default BSARec)")
+    # None marks "not given": only a command naming none of them runs the default job.
+    parser.add_argument("--model", "-m", default=None, help="model name (default BSARec)")
     parser.add_argument(
         "--dataset",
         "-d",
-        default=DEFAULT_DATASET,
+        default=None,
         help="dataset name (default ml-100k, bundled with RecBole)",
     )
     parser.add_argument(
@@ -85,11 +86,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def builtin_files_help() -> str:
+    """The property files that ship with the plugin, as ``--config_files`` and
+    ``--hyper_file`` name them (no path: they work for an installed copy too)."""
+    import textwrap
+
+    from recbole_freq.config import builtin_files
+
+    def listed(names):
+        return textwrap.fill(
+            " ".join(names), width=88, initial_indent="  ", subsequent_indent="  ",
+            break_on_hyphens=False, break_long_words=False,
+        )  # fmt: skip
+
+    return (
+        "\nbuilt-in config files (--config_files NAME; a file of yours at that path wins):\n"
+        + listed(builtin_files(".yaml"))
+        + "\nbuilt-in search spaces (--hyper_file NAME):\n"
+        + listed(builtin_files(".hyper"))
+        + "\n"
+    )
+
+
 def _default_job_files(args) -> list[str]:
-    """With no model, dataset or config given, run the README's default job."""
+    """With no model, dataset or config given, run the README's default job (its short
+    budget); naming any of them, even the default ones, runs with the full budget."""
     from recbole_freq.config import properties_dir
 
-    if args.model == DEFAULT_MODEL and args.dataset == DEFAULT_DATASET and not args.config_files:
+    if args.model is None and args.dataset is None and not args.config_files:
         return [str(properties_dir() / "default_job.yaml")]
     return args.config_files
 
@@ -133,6 +157,14 @@ def format_summary(summary: dict) -> str:
 def cli(argv: list[str]) -> int:
     """Train and test one model, or ``--resume`` one; print the summary."""
     parser = build_parser()
+    if any(arg.partition("=")[0] == "--output_file" for arg in argv):
+        return report_error(
+            UsageError(
+                "--output_file writes a search's results (RecBole's run_hyper.py): give it "
+                "with --hyper_file (or --params_file); a training run writes its summary to "
+                "<checkpoint>.json"
+            )
+        )
     args, overrides = parse_job_args(parser, argv)
     try:
         if args.resume:
@@ -143,8 +175,8 @@ def cli(argv: list[str]) -> int:
             summary = resume_run(args.resume)
         else:
             summary = run(
-                model=args.model,
-                dataset=args.dataset,
+                model=args.model or DEFAULT_MODEL,
+                dataset=args.dataset or DEFAULT_DATASET,
                 config_files=split_config_files(_default_job_files(args)),
                 cmd_overrides=overrides,
                 paper=args.paper,

@@ -12,6 +12,7 @@ from recbole_freq.cli.common import (
     report_error,
     split_config_files,
 )
+from recbole_freq.files import OutputWriteError, write_atomic
 from recbole_freq.quick_start import RunInterrupted
 from recbole_freq.tune import SEARCHES, TrialsFailedError, default_search_name, tune_model
 
@@ -27,7 +28,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dataset", "-d", default="ml-100k")
     parser.add_argument("--config_files", nargs="+", default=None)
     parser.add_argument("--paper", action="store_true", help="start from the paper settings")
-    parser.add_argument("--hyper_file", required=True, help="RecBole hyper file (search space)")
+    parser.add_argument(
+        "--hyper_file",
+        required=True,
+        help="RecBole hyper file (search space); --params_file, as in RecBole's run_hyper.py",
+    )
+    parser.add_argument(
+        "--output_file",
+        default=None,
+        help="also write the ranked trials and the best configuration's path to this file "
+        "(as RecBole's run_hyper.py does)",
+    )
     parser.add_argument(
         "--search",
         choices=SEARCHES,
@@ -105,8 +116,14 @@ def cli(argv: list[str]) -> int:
             f"{interrupt if isinstance(interrupt, RunInterrupted) else 'the search stopped'}. "
             "Continue with: python run_recbole_freq.py " + shlex.join(_resume_argv(argv, name))
         ) from interrupt
-    print(summary["table"])
-    print()
-    print(f"best configuration: {summary['best_yaml']}")
-    print(f"all trials:         {summary['trials_csv']}")
+    report = (
+        f"{summary['table']}\n\nbest configuration: {summary['best_yaml']}\n"
+        f"all trials:         {summary['trials_csv']}"
+    )
+    print(report)
+    if args.output_file:
+        try:
+            write_atomic(args.output_file, report + "\n")
+        except OutputWriteError as error:
+            return report_error(error)
     return 0

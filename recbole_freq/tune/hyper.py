@@ -9,7 +9,6 @@ import math
 import random
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 HYPER_TYPES = ("choice", "uniform", "quniform", "loguniform")
 
@@ -150,10 +149,11 @@ def parse_hyper_lines(lines, source: str = "<hyper>") -> dict[str, HyperParam]:
 
 
 def parse_hyper_file(path) -> dict[str, HyperParam]:
-    """The search space of a hyper file; see :func:`parse_hyper_lines`."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"hyper file {str(path)!r} does not exist")
+    """The search space of a hyper file (the user's path, or a built-in name such as
+    ``hyper/BSARec``); see :func:`parse_hyper_lines`."""
+    from recbole_freq.config import find_config_file
+
+    path = find_config_file(path, suffix=".hyper", what="hyper file")
     space = parse_hyper_lines(path.read_text().splitlines(), source=str(path))
     if not space:
         raise HyperFileError(
