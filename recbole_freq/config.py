@@ -24,6 +24,7 @@ from pathlib import Path
 
 import yaml
 from recbole.config import Config
+from recbole.utils import ModelType
 
 from recbole_freq.model import MODELS
 from recbole_freq.protocol import DEFAULT_PROTOCOL, protocol_file
@@ -345,6 +346,27 @@ class FreqConfig(Config):
             )
         self.final_config_dict["train_neg_sample_args"] = dict(self.PAIRWISE_NEGATIVES)
 
+    def _read_pre_split_files(self, given: dict) -> None:
+        """``benchmark_filename`` (RecBole's pre-split dataset: one file per part, for a
+        sequential model one row per prefix) needs every column of those files, not the
+        plugin's ``load_col`` for plain interactions, and the input lists' items in the
+        targets' id space (``alias_of_item_id``), else RecBole numbers them apart and
+        every input is another item.  Both unless the user set them."""
+        parts = self.final_config_dict.get("benchmark_filename")
+        if not parts:
+            return
+        if isinstance(parts, str) or len(parts) != 3:
+            raise ValueError(
+                f"benchmark_filename {parts!r}: give the three parts in order, e.g. "
+                "[train, valid, test] for <dataset>.train.inter, .valid.inter, .test.inter"
+            )
+        if "load_col" not in given:
+            self.final_config_dict["load_col"] = None  # every column of the files
+        list_field = self.final_config_dict["ITEM_ID_FIELD"] + self.final_config_dict["LIST_SUFFIX"]
+        sequential = self.final_config_dict["MODEL_TYPE"] == ModelType.SEQUENTIAL
+        if sequential and "alias_of_item_id" not in given:
+            self.final_config_dict["alias_of_item_id"] = [list_field]
+
     def _check_user_settings(self, model_class, given_dict: dict) -> None:
         """Every key the user gave is read by something and has the right type; a
         ``model:`` or ``dataset:`` that disagrees with the chosen one is refused."""
@@ -368,6 +390,7 @@ class FreqConfig(Config):
                 )
         check_user_settings(model_class, given, self._shared_with)
         self._sample_negatives_for_pairwise_losses(given)
+        self._read_pre_split_files(given)
         if "data_path" in given and self.dataset == "ml-100k":
             # RecBole points ml-100k at its bundled copy whatever data_path says; a
             # user's own prepared ml-100k must win.

@@ -33,13 +33,30 @@ def not_prepared_error(dataset: str, dataset_dir: str) -> DatasetNotPreparedErro
     )
 
 
+def inter_files(config) -> list[str]:
+    """The interaction files a run reads: ``<dataset>.inter``, or with
+    ``benchmark_filename`` (a pre-split dataset) ``<dataset>.<part>.inter`` per part."""
+    parts = config["benchmark_filename"]
+    names = [f"{config['dataset']}.{part}.inter" for part in parts] if parts else None
+    return [
+        os.path.join(config["data_path"], name) for name in names or [f"{config['dataset']}.inter"]
+    ]
+
+
 def check_prepared(config) -> str:
-    """Path of the dataset's ``.inter`` file; ``DatasetNotPreparedError`` if it is absent."""
-    dataset_dir = config["data_path"]
-    inter_file = os.path.join(dataset_dir, f"{config['dataset']}.inter")
-    if not os.path.isfile(inter_file):
-        raise not_prepared_error(config["dataset"], dataset_dir)
-    return inter_file
+    """Path of the dataset's (first) interaction file; ``DatasetNotPreparedError`` if one
+    is absent."""
+    files = inter_files(config)
+    if config["benchmark_filename"]:
+        missing = [path for path in files if not os.path.isfile(path)]
+        if missing:
+            raise DatasetNotPreparedError(
+                f"benchmark_filename {list(config['benchmark_filename'])}: {missing[0]} does "
+                f"not exist; a pre-split dataset needs one file per part in {config['data_path']}"
+            )
+    elif not os.path.isfile(files[0]):
+        raise not_prepared_error(config["dataset"], config["data_path"])
+    return files[0]
 
 
 ATOMIC_SUFFIXES = ("inter", "user", "item", "kg", "link", "net")
@@ -52,8 +69,11 @@ def dataset_fingerprint(config) -> str:
     import hashlib
 
     digest = hashlib.sha256()
-    for suffix in ATOMIC_SUFFIXES:
-        path = os.path.join(config["data_path"], f"{config['dataset']}.{suffix}")
+    folder, name = config["data_path"], config["dataset"]
+    files = [(suffix, os.path.join(folder, f"{name}.{suffix}")) for suffix in ATOMIC_SUFFIXES]
+    if config["benchmark_filename"]:
+        files[0:1] = [(os.path.basename(path), path) for path in inter_files(config)]
+    for suffix, path in files:
         if not os.path.isfile(path):
             continue
         digest.update(f"{suffix}\0".encode())

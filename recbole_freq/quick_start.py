@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 import uuid
 from pathlib import Path
@@ -22,12 +21,12 @@ import torch
 from recbole.data import create_dataset, data_preparation
 from recbole.data.transform import construct_transform
 from recbole.data.utils import create_samplers, get_dataloader
-from recbole.utils import dict2str, get_flops, init_logger, init_seed, set_color
+from recbole.utils import ModelType, dict2str, get_flops, init_logger, init_seed, set_color
 
 from recbole_freq.checkpoint import weights_fingerprint
 from recbole_freq.compat import current_log_file, saved_state
 from recbole_freq.config import FreqConfig, get_model_class
-from recbole_freq.data import check_prepared, dataset_fingerprint
+from recbole_freq.data import check_prepared, dataset_fingerprint, inter_files
 from recbole_freq.evaluation import use_full_sort_for_sampled_scoring
 from recbole_freq.files import OutputWriteError, check_writable, plain_value, write_atomic
 from recbole_freq.memory import TrainingOutOfMemory, check_memory, longest_history
@@ -413,22 +412,33 @@ def _check_valid_metric(config) -> None:
 
 def check_atomic_columns(config) -> None:
     """The columns ``load_col`` asks for must be in the ``.inter`` header; otherwise
-    RecBole fails inside its first batch (a sequential model needs the time order)."""
+    RecBole fails inside its first batch (a sequential model needs the time order).  A
+    pre-split dataset (``benchmark_filename``) of a sequential model holds rows, not
+    interactions: each file needs the user, the input list and the target."""
     wanted = (
         (config["load_col"] or {}).get("inter") if isinstance(config["load_col"], dict) else None
     )
+    if config["benchmark_filename"] and config["MODEL_TYPE"] == ModelType.SEQUENTIAL:
+        item = config["ITEM_ID_FIELD"]
+        wanted = [config["USER_ID_FIELD"], item + config["LIST_SUFFIX"], item, *(wanted or [])]
     if not wanted:
         return
-    inter = os.path.join(config["data_path"], f"{config['dataset']}.inter")
-    with open(inter, encoding="utf-8", errors="replace") as handle:
-        header = handle.readline().rstrip("\r\n").split(config["field_separator"] or "\t")
-    present = [column.split(":")[0] for column in header]
-    missing = [column for column in wanted if column not in present]
-    if missing:
-        raise ValueError(
-            f"{inter} has columns {present}, but the run reads {list(wanted)} (load_col); "
-            f"missing: {missing}. Prepare the dataset with dataset_prep, or set load_col"
-        )
+    for inter in inter_files(config):
+        with open(inter, encoding="utf-8", errors="replace") as handle:
+            header = handle.readline().rstrip("\r\n").split(config["field_separator"] or "\t")
+        present = [column.split(":")[0] for column in header]
+        missing = [column for column in dict.fromkeys(wanted) if column not in present]
+        if missing:
+            raise ValueError(
+                f"{inter} has columns {present}, but the run reads {list(dict.fromkeys(wanted))}; "
+                f"missing: {missing}. Prepare the dataset with dataset_prep, or set load_col"
+                + (
+                    " (a pre-split sequential file: user_id:token item_id_list:token_seq "
+                    "item_id:token, one row per prefix)"
+                    if config["benchmark_filename"]
+                    else ""
+                )
+            )
 
 
 def check_item_count(config, dataset) -> None:

@@ -209,6 +209,41 @@ def use_protocol_negatives(config, loader) -> None:
     loader._sampler = UnseenSampler(loader._sampler, item_sets)
 
 
+def check_prefix_rows(config, datasets, histories: UserHistories, positions) -> None:
+    """A pre-split dataset (``benchmark_filename``) gives the rows themselves, and the
+    users' histories are rebuilt from them as from RecBole's own split: that needs
+    RecBole's rows, one per prefix of each user's sequence, in time order, each input the
+    interactions before its target (the last ``n`` of them, ``n`` the longest input of
+    the files).  ``ProtocolError`` naming the first row that is not."""
+    first = datasets[0]
+    list_field = first.iid_field + config["LIST_SUFFIX"]
+    length_field = config["ITEM_LIST_LENGTH_FIELD"]
+    longest = first.field2seqlen[list_field]
+    for part, split, position in zip(config["benchmark_filename"], datasets, positions):
+        feat = split.inter_feat
+        users = feat[split.uid_field].numpy()
+        expected = np.minimum(position + 1, longest)
+        starts = histories.start[users] + position + 1 - expected
+        rows, items = histories.items_of(starts, expected)
+        within = torch.arange(len(rows)) - torch.repeat_interleave(
+            torch.cumsum(torch.from_numpy(expected), 0) - torch.from_numpy(expected),
+            torch.from_numpy(expected),
+        )
+        given = feat[list_field].long()
+        wrong_item = torch.zeros(len(users), dtype=torch.bool)
+        wrong_item[rows[given[rows, within] != items]] = True
+        wrong = wrong_item.numpy() | (feat[length_field].numpy() != expected)
+        if wrong.any():
+            row = int(np.flatnonzero(wrong)[0])
+            user = split.id2token(split.uid_field, users[row])
+            raise ProtocolError(
+                f"benchmark_filename: row {row + 1} of the {part!r} file (user {user}) is not "
+                f"the prefix before its target that protocol {protocol_label(config)} needs "
+                "(one row per prefix of each user's sequence, in time order, as RecBole's "
+                "own split writes them); use protocol=recbole to train on the rows as given"
+            )
+
+
 def apply_protocol(config, dataset, splits):
     """The run's protocol applied to RecBole's loaders (``data_preparation``'s result):
     history fields on the evaluation rows, the training rows, the evaluation sampler.
@@ -228,6 +263,8 @@ def apply_protocol(config, dataset, splits):
     train_data, valid_data, test_data = splits
     datasets = [loader._dataset for loader in splits]
     histories, positions = UserHistories.from_splits(datasets)
+    if config["benchmark_filename"]:
+        check_prefix_rows(config, datasets, histories, positions)
     for split, position in zip(datasets[1:], positions[1:]):
         users = split.inter_feat[split.uid_field].numpy()
         split.inter_feat.update(
