@@ -1,6 +1,7 @@
 """Prepare raw recommendation datasets as RecBole atomic files.
 
-CLI: ``python -m dataset_prep NAME --raw PATH --out DATA_DIR`` (see ``--list``).
+CLI: ``python -m dataset_prep NAME --raw PATH --out DATA_DIR`` (see ``--list``), or
+``NAME --download --out DATA_DIR`` for a known dataset (`download`).
 Each raw format is a reader module registered in `registry.FORMATS`; raw logs
 go through the S3-Rec procedure in `procedure`. Datasets with published
 statistics are in `registry.KNOWN_DATASETS`.
@@ -14,7 +15,14 @@ from .errors import (
     UsageError,
 )
 from .pipeline import ConversionResult, convert, convert_one_line
-from .registry import FORMATS, KNOWN_DATASETS, KnownDataset, RawFormat, prepare_command
+from .registry import (
+    FORMATS,
+    KNOWN_DATASETS,
+    KnownDataset,
+    RawFormat,
+    download_command,
+    prepare_command,
+)
 from .stats import ExpectedStats, Stats
 from .tabular import TableOptions
 
@@ -34,5 +42,6 @@ __all__ = [
     "UsageError",
     "convert",
     "convert_one_line",
+    "download_command",
     "prepare_command",
 ]

@@ -7,7 +7,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import DatasetPrepError, StatsMismatchError
+from .download import ONE_LINE_SOURCE, RAW, DownloadError, default_source, fetch, source_of
+from .errors import DatasetPrepError, StatsMismatchError, UsageError
 from .pipeline import convert
 from .registry import FORMATS, KNOWN_DATASETS, ONE_LINE, SOURCE_REPOSITORIES, TABLE
 from .stats import COUNT_CONVENTION, format_report
@@ -21,7 +22,9 @@ _TABLE_FLAGS = ("user_col", "item_col", "time_col", "sep", "time_format", "first
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
-        usage=f"{PROG} NAME --raw PATH --out DATA_DIR [options]\n       {PROG} --list",
+        usage=f"{PROG} NAME --raw PATH --out DATA_DIR [options]\n"
+        f"       {PROG} NAME --download --out DATA_DIR [--source raw|one-line]\n"
+        f"       {PROG} --list",
         description=(
             "Prepare a raw dataset as RecBole atomic files DATA_DIR/NAME/NAME.inter, "
             "NAME.stats.json and (raw logs) NAME.idmap.json, following the S3-Rec "
@@ -32,6 +35,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("name", nargs="?", metavar="NAME", help="dataset name (see --list)")
     parser.add_argument("--raw", metavar="PATH", help="raw input file (gzipped or not)")
     parser.add_argument("--out", metavar="DATA_DIR", help="RecBole data_path to write into")
+    fetch = parser.add_argument_group(
+        "--download (known datasets; nothing is downloaded without it)"
+    )
+    fetch.add_argument(
+        "--download",
+        action="store_true",
+        help="fetch the public file (resumable; an existing file is never replaced), "
+        "verify it and prepare it",
+    )
+    fetch.add_argument(
+        "--source",
+        choices=(RAW, ONE_LINE_SOURCE),
+        default=None,
+        help="the raw public file (default, where it can be downloaded) or the papers' "
+        "one-line-per-user file",
+    )
+    fetch.add_argument(
+        "--downloads",
+        metavar="DIR",
+        help="where downloaded files are kept (default: DATA_DIR/downloads)",
+    )
+    fetch.add_argument("--url", metavar="URL", help="a mirror of the file (same bytes)")
     parser.add_argument(
         "--format",
         choices=sorted(FORMATS),
@@ -111,6 +136,8 @@ def list_text() -> str:
     lines += [
         "",
         "Usage:",
+        f"  {PROG} amazon-beauty --download --out dataset      (fetch, verify, prepare)",
+        f"  {PROG} amazon-beauty --download --source one-line --out dataset",
         f"  {PROG} amazon-beauty --raw reviews_Beauty_5.json.gz --out dataset",
         f"  {PROG} amazon-beauty --raw Beauty.txt --out dataset --format {ONE_LINE}",
         f"  {PROG} mylog --raw log.csv --out dataset --format {TABLE} "
@@ -151,19 +178,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--list takes no other arguments")
         print(list_text())
         return EXIT_OK
+    if args.download and args.raw:
+        parser.error("--download fetches the file itself; give --raw or --download, not both")
+    if not args.download and (args.source or args.downloads or args.url):
+        parser.error("--source, --downloads and --url go with --download")
     missing = [
         flag
         for flag, value in (
             ("NAME", args.name),
-            ("--raw", args.raw),
+            ("--raw", args.raw or args.download),
             ("--out", args.out),
         )
         if not value
     ]
     if missing:
-        parser.error(f"missing {', '.join(missing)} (or use --list)")
+        parser.error(f"missing {', '.join(missing)} (or use --download, or --list)")
 
     try:
+        if args.download:
+            args.raw, args.format = _download(args)
         result = convert(
             args.raw,
             args.out,
@@ -178,11 +211,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StatsMismatchError as exc:
         _error(f"{exc} Use --no-check to write it anyway.")
         return EXIT_USAGE
+    except DownloadError as exc:
+        _error(str(exc))
+        return EXIT_FAILURE
     except DatasetPrepError as exc:
         _error(str(exc))
         return EXIT_USAGE
     except KeyboardInterrupt:
-        _error("interrupted; nothing was written")
+        kept = " (the partial download is kept: run the same command again to resume)"
+        _error("interrupted; nothing was written" + (kept if args.download else ""))
         return EXIT_INTERRUPTED
     except OSError as exc:
         # Input errors are DatasetPrepError; an OSError here is about writing output.
@@ -204,6 +241,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {result.idmap_path}")
     print(f"wrote {result.stats_path}")
     return EXIT_OK
+
+
+def _download(args: argparse.Namespace) -> tuple[str, str]:
+    """Fetch NAME's chosen source; the raw path and format to prepare."""
+    from pathlib import Path
+
+    if args.format is not None:
+        raise UsageError("--download knows each file's format; give --source, not --format")
+    source = source_of(args.name, args.source or default_source(args.name))
+    folder = Path(args.downloads or Path(args.out) / "downloads")
+    path = fetch(source, folder, url=args.url, show_progress=not args.quiet)
+    print(f"{path} ({path.stat().st_size:,} bytes, from {args.url or source.url})")
+    return str(path), source.format
 
 
 def _table_options(args: argparse.Namespace) -> TableOptions | None:

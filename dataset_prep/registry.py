@@ -213,6 +213,18 @@ def default_format(name: str) -> str:
     return known.format if known is not None else DEFAULT_FORMAT
 
 
+def download_command(name: str, data_dir: Path | str, source: str | None = None) -> str:
+    """The one command that downloads known dataset `name` and prepares it into
+    `data_dir` (``--download``; ``source``: raw or one-line, by default the raw file
+    where it can be downloaded)."""
+    from .download import RAW, default_source
+
+    validate_name(name)
+    source = source or default_source(name)
+    command = f"python -m dataset_prep {name} --download --out {shlex.quote(str(data_dir))}"
+    return command if source == RAW else command + f" --source {source}"
+
+
 def prepare_command(
     name: str,
     data_dir: Path | str,

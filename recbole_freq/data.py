@@ -15,9 +15,14 @@ class DatasetNotPreparedError(FileNotFoundError):
 
 
 def _prepare_hint(dataset: str, data_root: str) -> str:
-    from dataset_prep import DatasetPrepError, prepare_command
+    from dataset_prep import KNOWN_DATASETS, DatasetPrepError, download_command, prepare_command
 
     try:
+        if dataset in KNOWN_DATASETS:
+            return (
+                f"{download_command(dataset, data_root)}\n    or, from a file you "
+                f"have: {prepare_command(dataset, data_root, alternative=False)}"
+            )
         return prepare_command(dataset, data_root)
     except DatasetPrepError:
         return f"python -m dataset_prep <name> --raw <raw file> --out {data_root}"

@@ -1,0 +1,292 @@
+"""``--download``: fetch a known dataset's public file, verify it, then prepare it.
+
+Only with the flag: nothing in this package or the plugin ever downloads on its own.
+Each known dataset has two sources (`SOURCES`): its raw public file (``raw``) and the
+processed one-line-per-user file of the papers' repositories (``one-line``).  A file is
+written to the downloads folder under its published name, whole or not at all:
+
+- the transfer goes to ``<file>.part``; an interrupted one (network, Ctrl-C) is resumed
+  from where it stopped by the same command (an HTTP range request);
+- a file whose SHA-256 is recorded (`Source.sha256`) must have it; one that does not is
+  kept as ``<file>.unverified`` and never used;
+- an existing file of that name is never replaced: one with the recorded SHA-256 (or any,
+  where none is recorded) is used as it is, one with another is refused;
+- an archive's member (the raw file inside a zip) is extracted the same way.
+
+The published counts (``--list``) are then checked by the preparation itself, whatever
+the source, so a different file is refused there even without a recorded SHA-256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import shutil
+import urllib.error
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import DatasetPrepError, UsageError
+
+RAW, ONE_LINE_SOURCE = "raw", "one-line"
+BLOCK = 1 << 16
+TIMEOUT_SECONDS = 60
+
+
+class DownloadError(DatasetPrepError):
+    """A download that cannot be done or whose file is not the published one."""
+
+
+class DownloadInterrupted(DownloadError):
+    """The transfer stopped early; the partial file is kept for the next attempt."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a known dataset's file is published.
+
+    ``file``: the name it is saved under; ``member``: for an archive, the file inside it
+    that the preparation reads (saved under its base name); ``sha256``: of ``file``, where
+    one has been established from the published file (``None``: not established, the
+    counts alone verify it)."""
+
+    url: str
+    file: str
+    format: str
+    member: str | None = None
+    sha256: str | None = None
+    note: str = ""
+
+
+_SNAP = "https://snap.stanford.edu/data/amazon/productGraph/categoryFiles/"
+# The BSARec repository keeps the one-line files of its six datasets in src/data/
+# (its README; Beauty, Sports, Toys and Yelp as FMLP-Rec published them, LastFM and
+# ML-1M processed with S3-Rec's procedure).
+_BSAREC_DATA = "https://raw.githubusercontent.com/yehjin-shin/BSARec/main/src/data/"
+_YELP_NOTE = (
+    "the Yelp Open Dataset is handed out only after accepting its licence at "
+    "https://www.yelp.com/dataset: download it there and prepare it with --raw, or use "
+    "--download --source one-line"
+)
+
+# No SHA-256 is recorded: none could be established from the published files here
+# (no network where this was written); the published counts verify every download.
+SOURCES: dict[tuple[str, str], Source | str] = {
+    ("amazon-beauty", RAW): Source(
+        _SNAP + "reviews_Beauty_5.json.gz", "reviews_Beauty_5.json.gz", "amazon-2014"
+    ),
+    ("amazon-sports-outdoors", RAW): Source(
+        _SNAP + "reviews_Sports_and_Outdoors_5.json.gz",
+        "reviews_Sports_and_Outdoors_5.json.gz",
+        "amazon-2014",
+    ),
+    ("amazon-toys-games", RAW): Source(
+        _SNAP + "reviews_Toys_and_Games_5.json.gz",
+        "reviews_Toys_and_Games_5.json.gz",
+        "amazon-2014",
+    ),
+    ("yelp", RAW): _YELP_NOTE,
+    ("lastfm", RAW): Source(
+        "https://files.grouplens.org/datasets/hetrec2011/hetrec2011-lastfm-2k.zip",
+        "hetrec2011-lastfm-2k.zip",
+        "lastfm-hetrec",
+        member="user_taggedartists-timestamps.dat",
+    ),
+    ("ml-1m", RAW): Source(
+        "https://files.grouplens.org/datasets/movielens/ml-1m.zip",
+        "ml-1m.zip",
+        "movielens-dat",
+        member="ml-1m/ratings.dat",
+    ),
+    ("amazon-beauty", ONE_LINE_SOURCE): Source(
+        _BSAREC_DATA + "Beauty.txt", "Beauty.txt", "one-line"
+    ),
+    ("amazon-sports-outdoors", ONE_LINE_SOURCE): Source(
+        _BSAREC_DATA + "Sports_and_Outdoors.txt", "Sports_and_Outdoors.txt", "one-line"
+    ),
+    ("amazon-toys-games", ONE_LINE_SOURCE): Source(
+        _BSAREC_DATA + "Toys_and_Games.txt", "Toys_and_Games.txt", "one-line"
+    ),
+    ("yelp", ONE_LINE_SOURCE): Source(_BSAREC_DATA + "Yelp.txt", "Yelp.txt", "one-line"),
+    ("lastfm", ONE_LINE_SOURCE): Source(_BSAREC_DATA + "LastFM.txt", "LastFM.txt", "one-line"),
+    ("ml-1m", ONE_LINE_SOURCE): Source(_BSAREC_DATA + "ML-1M.txt", "ML-1M.txt", "one-line"),
+}
+
+
+def default_source(name: str) -> str:
+    """``raw`` where the raw file can be downloaded, else ``one-line``."""
+    return RAW if isinstance(SOURCES.get((name, RAW)), Source) else ONE_LINE_SOURCE
+
+
+def source_of(name: str, which: str) -> Source:
+    """The registered source ``which`` (raw / one-line) of dataset ``name``."""
+    found = SOURCES.get((name, which))
+    if found is None:
+        known = sorted({dataset for dataset, _ in SOURCES})
+        raise UsageError(
+            f"--download knows the datasets {', '.join(known)}; {name!r} is not one of them "
+            "(prepare your own file with --raw)"
+        )
+    if isinstance(found, str):
+        raise UsageError(f"{name} --source {which}: {found}")
+    return found
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch(source: Source, folder: Path, url: str | None = None, show_progress=True) -> Path:
+    """The path of ``source``'s file in ``folder`` (the member of an archive), downloaded
+    (or resumed) unless it is there already; see the module docstring."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / source.file
+    if target.exists():
+        _check_existing(target, source)
+    else:
+        _download(url or source.url, target, source, show_progress)
+    if source.member is None:
+        return target
+    return _extract(target, source.member, folder)
+
+
+def _check_existing(target: Path, source: Source) -> None:
+    if source.sha256 is None:
+        return
+    found = file_sha256(target)
+    if found != source.sha256:
+        raise DownloadError(
+            f"{target} exists but is not the published file (sha256 {found[:16]}..., "
+            f"expected {source.sha256[:16]}...); it is left as it is: move it away to "
+            f"download again, or prepare it yourself with --raw {target}"
+        )
+
+
+def _download(url: str, target: Path, source: Source, show_progress: bool) -> None:
+    part = target.with_name(target.name + ".part")
+    offset = part.stat().st_size if part.exists() else 0
+    headers = {"User-Agent": "recbole-freq dataset_prep"}
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+    try:
+        response = urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers), timeout=TIMEOUT_SECONDS
+        )
+    except urllib.error.HTTPError as error:
+        if error.code == 416 and offset:  # the part is already whole
+            response = None
+        else:
+            raise DownloadError(f"{url}: the server answered {error.code} {error.reason}") from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise DownloadError(
+            f"cannot reach {url} ({reason}); check the network, or give --url of a mirror"
+        ) from None
+    if response is not None:
+        with response:
+            if offset and response.status != 206:
+                offset = 0  # the server ignored the range: start again
+            _receive(response, part, offset, url, show_progress)
+    found = file_sha256(part)
+    if source.sha256 is not None and found != source.sha256:
+        unverified = target.with_name(target.name + ".unverified")
+        os.replace(part, unverified)
+        raise DownloadError(
+            f"{url}: the file received has sha256 {found}, not the published "
+            f"{source.sha256}; it is kept as {unverified} and not used"
+        )
+    _place(part, target)
+
+
+def _receive(response, part: Path, offset: int, url: str, show_progress: bool) -> None:
+    length = response.headers.get("Content-Length")
+    total = offset + int(length) if length is not None else None
+    received = offset
+    progress = _progress(total, offset, part.name, show_progress)
+    try:
+        with open(part, "ab" if offset else "wb") as out:
+            try:
+                while True:
+                    block = response.read(BLOCK)
+                    if not block:
+                        break
+                    out.write(block)
+                    received += len(block)
+                    progress.update(len(block))
+            except (http.client.IncompleteRead, OSError) as error:
+                if isinstance(error, http.client.IncompleteRead) and error.partial:
+                    out.write(error.partial)
+                    received += len(error.partial)
+            finally:
+                out.flush()
+                os.fsync(out.fileno())
+    finally:
+        progress.close()
+    if total is not None and received < total:
+        raise DownloadInterrupted(
+            f"{url}: the transfer stopped after {received:,} of {total:,} bytes; the part is "
+            f"kept in {part}: run the same command again to resume"
+        )
+
+
+def _progress(total, done, label, show):
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total, initial=done, unit="B", unit_scale=True, desc=label, disable=not show,
+        leave=False,
+    )  # fmt: skip
+
+
+def _place(part: Path, target: Path) -> None:
+    """``part`` becomes ``target`` unless a file of that name appeared meanwhile."""
+    try:
+        os.link(part, target)
+    except FileExistsError:
+        raise DownloadError(
+            f"{target} appeared while downloading; it is left as it is and the download is "
+            f"kept as {part}"
+        ) from None
+    part.unlink()
+
+
+def _extract(archive: Path, member: str, folder: Path) -> Path:
+    target = folder / Path(member).name
+    try:
+        with zipfile.ZipFile(archive) as opened:
+            info = opened.getinfo(member)
+            if target.exists():
+                if target.stat().st_size != info.file_size or _member_sha256(
+                    opened, member
+                ) != file_sha256(target):
+                    raise DownloadError(
+                        f"{target} exists but is not {member} of {archive}; it is left as it "
+                        "is: move it away, or prepare it yourself with --raw"
+                    )
+                return target
+            part = target.with_name(target.name + ".part")
+            with opened.open(info) as data, open(part, "wb") as out:
+                shutil.copyfileobj(data, out, BLOCK)
+                out.flush()
+                os.fsync(out.fileno())
+    except (zipfile.BadZipFile, KeyError) as error:
+        raise DownloadError(
+            f"{archive} is not the published archive ({error}); move it away and download again"
+        ) from None
+    _place(part, target)
+    return target
+
+
+def _member_sha256(opened: zipfile.ZipFile, member: str) -> str:
+    digest = hashlib.sha256()
+    with opened.open(member) as data:
+        for block in iter(lambda: data.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,224 @@
+"""``python -m dataset_prep NAME --download`` against a local HTTP server serving fixtures
+(these machines have no internet): fetch, resume, verify, never overwrite, prepare."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import random
+import threading
+import zipfile
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from conftest import write_sequences
+from dataset_prep import download
+from dataset_prep.cli import main
+from dataset_prep.download import ONE_LINE_SOURCE, RAW, Source
+from recbole_freq.data import not_prepared_error
+
+
+class FixtureServer(ThreadingHTTPServer):
+    """Serves ``files`` (name -> bytes) with range requests; ``cut[name] = n`` makes the
+    next response for ``name`` stop after ``n`` bytes, as a dropped connection does."""
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), FixtureHandler)
+        self.files: dict[str, bytes] = {}
+        self.cut: dict[str, int] = {}
+        self.requests: list[tuple[str, str | None]] = []
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/{name}"
+
+
+class FixtureHandler(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        name = self.path.lstrip("/")
+        asked = self.headers.get("Range")
+        self.server.requests.append((name, asked))
+        data = self.server.files.get(name)
+        if data is None:
+            self.send_error(404)
+            return
+        start = int(asked.removeprefix("bytes=").rstrip("-")) if asked else 0
+        if start >= len(data):
+            self.send_error(416)
+            return
+        body = data[start:]
+        self.send_response(206 if asked else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        cut = self.server.cut.pop(name, None)
+        self.wfile.write(body if cut is None else body[:cut])
+        self.wfile.flush()
+        if cut is not None:
+            self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    httpd = FixtureServer()
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def one_line_fixture(tmp_path) -> bytes:
+    return write_sequences(tmp_path / "fixture.txt", n_users=40, n_items=30).read_bytes()
+
+
+def lastfm_archive() -> tuple[bytes, bytes]:
+    """A hetrec2011-lastfm-2k.zip holding a small user_taggedartists-timestamps.dat."""
+    rng = random.Random(3)
+    rows = ["userID\tartistID\ttagID\ttimestamp"]
+    for user in range(2, 32):
+        for step, artist in enumerate(rng.sample(range(100, 130), 12)):
+            rows.append(
+                f"{user}\t{artist}\t{rng.randint(1, 50)}\t{1_200_000_000_000 + step * 1000}"
+            )
+    dat = ("\n".join(rows) + "\n").encode()
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("user_taggedartists-timestamps.dat", dat)
+        archive.writestr("artists.dat", b"id\tname\n")
+    return buffer.getvalue(), dat
+
+
+def publish(monkeypatch, server, name, which, file, data, fmt, sha256=True, member=None):
+    """Serve ``data`` as ``file`` and point the registry's source at it."""
+    server.files[file] = data
+    digest = hashlib.sha256(data).hexdigest() if sha256 is True else sha256
+    source = Source(server.url(file), file, fmt, member=member, sha256=digest)
+    monkeypatch.setitem(download.SOURCES, (name, which), source)
+
+
+def test_download_fetches_verifies_and_prepares(tmp_path, server, monkeypatch, capsys):
+    data = one_line_fixture(tmp_path)
+    publish(monkeypatch, server, "lastfm", ONE_LINE_SOURCE, "LastFM.txt", data, "one-line")
+    out = tmp_path / "dataset"
+    command = ["lastfm", "--download", "--source", "one-line", "--out", str(out), "--quiet"]
+    # The published counts are always checked: the fixture is not LastFM.
+    assert main(command) == 2
+    assert "Use --no-check to write it anyway" in capsys.readouterr().err
+    assert not (out / "lastfm" / "lastfm.inter").exists()
+    assert (out / "downloads" / "LastFM.txt").read_bytes() == data
+    # Written anyway on request, from the file already downloaded (no second transfer).
+    assert main([*command, "--no-check"]) == 0
+    assert (out / "lastfm" / "lastfm.inter").is_file()
+    assert server.requests == [("LastFM.txt", None)]
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_an_interrupted_download_resumes_where_it_stopped(tmp_path, server, monkeypatch, capsys):
+    data = one_line_fixture(tmp_path)
+    publish(monkeypatch, server, "lastfm", ONE_LINE_SOURCE, "LastFM.txt", data, "one-line")
+    server.cut["LastFM.txt"] = 1000
+    out = tmp_path / "dataset"
+    command = ["lastfm", "--download", "--source=one-line", f"--out={out}", "--quiet", "--no-check"]
+    assert main(command) == 1
+    err = capsys.readouterr().err
+    assert "stopped after 1,000 of" in err and "run the same command again to resume" in err
+    part = out / "downloads" / "LastFM.txt.part"
+    assert part.read_bytes() == data[:1000] and not (out / "downloads" / "LastFM.txt").exists()
+    assert main(command) == 0
+    assert server.requests[-1] == ("LastFM.txt", "bytes=1000-")
+    assert (out / "downloads" / "LastFM.txt").read_bytes() == data and not part.exists()
+
+
+def test_a_file_that_is_not_the_published_one_is_never_used(tmp_path, server, monkeypatch, capsys):
+    data = one_line_fixture(tmp_path)
+    publish(
+        monkeypatch, server, "lastfm", ONE_LINE_SOURCE, "LastFM.txt", data, "one-line",
+        sha256="0" * 64,
+    )  # fmt: skip
+    out = tmp_path / "dataset"
+    command = ["lastfm", "--download", "--source", "one-line", "--out", str(out), "--quiet"]
+    assert main(command) == 1
+    assert "not the published" in capsys.readouterr().err
+    downloads = out / "downloads"
+    assert sorted(p.name for p in downloads.iterdir()) == ["LastFM.txt.unverified"]
+    assert not (out / "lastfm").exists()
+
+
+def test_an_existing_different_file_is_never_replaced(tmp_path, server, monkeypatch, capsys):
+    data = one_line_fixture(tmp_path)
+    publish(monkeypatch, server, "lastfm", ONE_LINE_SOURCE, "LastFM.txt", data, "one-line")
+    out = tmp_path / "dataset"
+    (out / "downloads").mkdir(parents=True)
+    mine = out / "downloads" / "LastFM.txt"
+    mine.write_text("1 2 3 4 5\n")
+    command = ["lastfm", "--download", "--source", "one-line", "--out", str(out), "--quiet"]
+    assert main(command) == 1
+    assert "exists but is not the published file" in capsys.readouterr().err
+    assert mine.read_text() == "1 2 3 4 5\n" and server.requests == []
+
+
+def test_a_raw_archive_is_fetched_and_its_member_prepared(tmp_path, server, monkeypatch):
+    archive, dat = lastfm_archive()
+    publish(
+        monkeypatch, server, "lastfm", RAW, "hetrec2011-lastfm-2k.zip", archive,
+        "lastfm-hetrec", member="user_taggedartists-timestamps.dat",
+    )  # fmt: skip
+    out = tmp_path / "dataset"
+    assert main(["lastfm", "--download", "--out", str(out), "--quiet", "--no-check"]) == 0
+    assert (out / "downloads" / "user_taggedartists-timestamps.dat").read_bytes() == dat
+    inter = (out / "lastfm" / "lastfm.inter").read_text().splitlines()
+    assert inter[0].startswith("user_id:token") and len(inter) == 1 + 30 * 12
+    # Again: the archive and its member are there; nothing is fetched or replaced.
+    assert main(["lastfm", "--download", "--out", str(out), "--quiet", "--no-check"]) == 0
+    assert len(server.requests) == 1
+
+
+def test_nothing_is_downloaded_without_the_flag_and_the_plugin_names_the_command(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["lastfm", "--out", str(tmp_path)])
+    assert "missing --raw" in capsys.readouterr().err
+    message = str(not_prepared_error("amazon-beauty", str(tmp_path / "amazon-beauty")))
+    assert f"python -m dataset_prep amazon-beauty --download --out {tmp_path}" in message
+    yelp = str(not_prepared_error("yelp", str(tmp_path / "yelp")))
+    assert f"python -m dataset_prep yelp --download --out {tmp_path} --source one-line" in yelp
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["yelp", "--download", "--source", "raw"], "accepting its licence"),
+        (["mine", "--download"], "'mine' is not one of them"),
+        (["lastfm", "--download", "--raw", "x"], "not both"),
+        (["lastfm", "--source", "raw"], "go with --download"),
+    ],
+)
+def test_download_usage_errors_are_one_line(tmp_path, capsys, argv, message):
+    try:
+        code = main([*argv, "--out", str(tmp_path), "--quiet"])
+    except SystemExit as exit_:
+        code = exit_.code
+    assert code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "downloads").exists()
+
+
+def test_a_mirror_serves_the_same_bytes(tmp_path, server, monkeypatch):
+    data = one_line_fixture(tmp_path)
+    publish(monkeypatch, server, "lastfm", ONE_LINE_SOURCE, "LastFM.txt", data, "one-line")
+    server.files["mirror/LastFM.txt"] = data
+    monkeypatch.setitem(
+        download.SOURCES,
+        ("lastfm", ONE_LINE_SOURCE),
+        Source(
+            server.url("gone/LastFM.txt"),
+            "LastFM.txt",
+            "one-line",
+            sha256=hashlib.sha256(data).hexdigest(),
+        ),
+    )
+    out = tmp_path / "dataset"
+    argv = ["lastfm", "--download", "--source", "one-line", "--out", str(out), "--quiet"]
+    assert main([*argv, "--no-check", "--url", server.url("mirror/LastFM.txt")]) == 0
+    assert server.requests == [("mirror/LastFM.txt", None)]
