@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import DatasetPrepError, UsageError
+from .pipeline import file_sha256
 
 RAW, ONE_LINE_SOURCE = "raw", "one-line"
 BLOCK = 1 << 16
@@ -133,14 +134,6 @@ def source_of(name: str, which: str) -> Source:
     if isinstance(found, str):
         raise UsageError(f"{name} --source {which}: {found}")
     return found
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def fetch(source: Source, folder: Path, url: str | None = None, show_progress=True) -> Path:
