@@ -80,6 +80,9 @@ BAD_INPUTS = [
         "fusion_branches=['bsa', 'nope'] is invalid",
     ),
     (["--config_files", "missing.yaml"], "config file 'missing.yaml' does not exist"),
+    # RecBole's launcher keys, which the plugin's single-process runs would ignore.
+    (["--nproc=2"], "nproc=2 (command line): recbole-freq does not run data-parallel"),
+    (["--world_size=4"], "world_size=4 (command line): recbole-freq does not run data-parallel"),
 ]
 
 
