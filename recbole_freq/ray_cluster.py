@@ -87,6 +87,36 @@ def check_address(address: str, timeout: float = 5.0, error=RaySetupError) -> No
         ) from None
 
 
+def check_token_authentication(address: str, error=RaySetupError) -> None:
+    """Refuse, in one line that says what to set, a cluster whose token authentication
+    (Ray >= 2.52, ``RAY_AUTH_MODE=token``) rejects this process: ``ray.init`` would only
+    report "Failed to connect" after retrying.  A ``ray://`` client address, or a Ray
+    without the probe's API, is left to ``ray.init``."""
+    if address in ("auto", "local") or "://" in address:
+        return
+    try:
+        from ray._raylet import GcsClient
+        from ray.exceptions import AuthenticationError
+    except ImportError:
+        return
+    try:
+        GcsClient(address=address).internal_kv_get(b"recbole-freq-probe", namespace=None, timeout=5)
+    except AuthenticationError:
+        mode = os.environ.get("RAY_AUTH_MODE", "disabled")
+        missing = (
+            "set RAY_AUTH_MODE=token and the cluster's token"
+            if mode != "token"
+            else "RAY_AUTH_MODE is token but the token is missing or not the cluster's: set"
+        )
+        raise error(
+            f"the Ray cluster at {address} uses token authentication: {missing} "
+            "(RAY_AUTH_TOKEN, a file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token; "
+            "'ray get-auth-token' on the head node prints it), then run again"
+        ) from None
+    except Exception:  # noqa: BLE001 (any other answer: ray.init reports it)
+        return
+
+
 def start_or_join(ray, address=None, num_cpus=None, error=RaySetupError) -> bool:
     """Join ``address`` (else ``RAY_ADDRESS``) or start a local Ray; True if this call
     started or joined it (and so should shut it down), False if Ray was already up.
@@ -96,6 +126,8 @@ def start_or_join(ray, address=None, num_cpus=None, error=RaySetupError) -> bool
         check_address(address, error=error)
     if ray.is_initialized():
         return False
+    if address:
+        check_token_authentication(address, error=error)
     try:
         if address:
             ray.init(address=address, log_to_driver=False)

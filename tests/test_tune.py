@@ -242,6 +242,43 @@ def test_unreachable_cluster_is_a_clear_error(tmp_path, small_config, capsys, mo
     assert f"cannot reach the Ray cluster at {address}" in capsys.readouterr().err
 
 
+def test_a_cluster_with_token_authentication_says_what_to_set(tmp_path, small_config, capsys):
+    # A real head node with RAY_AUTH_MODE=token (Ray >= 2.52); this process has no token.
+    import shutil
+    import subprocess
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ray_command = os.path.join(os.path.dirname(sys.executable), "ray")
+    head = subprocess.Popen(
+        [ray_command if os.path.exists(ray_command) else shutil.which("ray"), "start", "--head",
+         f"--port={port}", "--num-cpus=1", "--include-dashboard=false", "--block",
+         "--disable-usage-stats"],
+        env=dict(os.environ, RAY_AUTH_MODE="token"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        argv = ["--hyper_file", _hyper(tmp_path, "alpha choice [0.1]"), "--dataset=tiny"]
+        argv += [f"--{key}={value}" for key, value in small_config.items()]
+        argv.append(f"--ray_address=127.0.0.1:{port}")
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"the Ray cluster at 127.0.0.1:{port} uses token authentication" in err
+        assert "set RAY_AUTH_MODE=token" in err and len(err.strip().splitlines()) == 1
+    finally:
+        os.killpg(head.pid, 15)
+        head.wait(timeout=60)
+
+
 @pytest.fixture(scope="module")
 def ray_session():
     """One local Ray for the searches of this module (starting Ray takes seconds)."""
