@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     paper = json.loads(args.paper.read_text())
     metrics = args.metrics.split(",")
     order = list(paper["rows"])
-    runs.sort(key=lambda run: (order.index(run["model"]) if run["model"] in order else 99))
+    runs.sort(key=lambda run: order.index(run["model"]) if run["model"] in order else 99)
     sys.stdout.write(table(runs, paper, metrics) + "\n")
     return 0
 
