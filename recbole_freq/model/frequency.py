@@ -10,6 +10,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from recbole_freq.model.layers import keeps_float32
+
 BSA_BRANCHES = ("bsa", "sa", "ib")
 
 
@@ -80,6 +82,7 @@ class FrequencyRescaler(nn.Module):
     def beta(self) -> torch.Tensor:
         return self.sqrt_beta.square().flatten()
 
+    @keeps_float32
     def low_frequency(self, hidden: torch.Tensor) -> torch.Tensor:
         """``LFC[X]`` of eq. 2 along the sequence axis (dim 1)."""
         if self.low_pass is not None:
@@ -153,6 +156,7 @@ class LearnableFilter(nn.Module):
             torch.randn(1, seq_len // 2 + 1, hidden_size, 2, dtype=torch.float32) * 0.02
         )
 
+    @keeps_float32
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         spectrum = torch.fft.rfft(hidden, dim=1, norm="ortho")
         spectrum = spectrum * torch.view_as_complex(self.complex_weight)

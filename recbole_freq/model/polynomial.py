@@ -7,7 +7,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from recbole_freq.model.layers import Dropout, StandardResidual, attention_probabilities
+from recbole_freq.model.layers import (
+    Dropout,
+    StandardResidual,
+    attention_probabilities,
+    keeps_float32,
+)
 from recbole_freq.options import as_number, integer_option
 
 
@@ -161,6 +166,7 @@ class TruncatedResidual(nn.Module):
         self.register_buffer("analysis", analysis, persistent=False)
         self.register_buffer("synthesis", synthesis, persistent=False)
 
+    @keeps_float32
     def truncated_skip(self, hidden: torch.Tensor) -> torch.Tensor:
         """``IFFT(F_C(x) * K)`` along the sequence axis (dim 1).
 

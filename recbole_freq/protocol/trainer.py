@@ -37,6 +37,10 @@ class _RecordingEvaluator:
         return getattr(self.evaluator, name)
 
 
+# Mixed-precision types of `amp_dtype` (with RecBole's `enable_amp`).
+AMP_DTYPES = ("bfloat16", "float16")
+
+
 class ProtocolTrainer:
     """Mixin over RecBole's trainer class of the model (``protocol_trainer``): the history
     mask in full-sort ranking and the stopping rule.  With RecBole's choices every method
@@ -54,6 +58,12 @@ class ProtocolTrainer:
             check_plain_objective(self.model, config)
         self._eval_histories = None
         self._strict_best = None
+        self.amp_dtype = config["amp_dtype"]
+        if self.amp_dtype not in (None, *AMP_DTYPES):
+            raise ValueError(
+                f"amp_dtype={self.amp_dtype!r} is not a mixed-precision type: use one of "
+                f"{', '.join(AMP_DTYPES)} (with enable_amp: True)"
+            )
         if self.stopping_rule == "strict":
             from recbole.evaluator import Evaluator
 
@@ -86,9 +96,21 @@ class ProtocolTrainer:
                 loss_func = self.all_positions_loss
             else:
                 loss_func = self.last_position_loss
-        return super()._train_epoch(
-            train_data, epoch_idx, loss_func=loss_func, show_progress=show_progress
-        )
+        if not (self.enable_amp and self.amp_dtype):
+            return super()._train_epoch(
+                train_data, epoch_idx, loss_func=loss_func, show_progress=show_progress
+            )
+        # RecBole's epoch opens `torch.autocast(device_type)` without a dtype, which takes
+        # the device's default: amp_dtype sets that default for the epoch.
+        device_type = self.device.type
+        previous = torch.get_autocast_dtype(device_type)
+        torch.set_autocast_dtype(device_type, getattr(torch, self.amp_dtype))
+        try:
+            return super()._train_epoch(
+                train_data, epoch_idx, loss_func=loss_func, show_progress=show_progress
+            )
+        finally:
+            torch.set_autocast_dtype(device_type, previous)
 
     def all_positions_loss(self, interaction):
         """SASRec's loss (its ``model.py``; Rec-Denoiser eq. 4): at every position with a
