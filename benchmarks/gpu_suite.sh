@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The GPU suite in one command, on a machine with a CUDA device (nothing else needed):
+#   benchmarks/gpu_suite.sh [OUT_DIR]          (default: benchmarks/results/gpu-suite)
+# 1. tests/test_gpu.py: every model trains an epoch on CUDA in fp32 and with AMP, and the
+#    fused attention's CUDA branches compute the explicit attention;
+# 2. benchmarks/bench_speed.py: training and inference time per step of the plugin models
+#    and the papers' baselines against RecBole's SASRec, same sizes and batches, one run;
+# then OUT_DIR/gpu-suite.md holds both as markdown tables. Exit status: the tests'.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+python=${PYTHON:-$root/.venv/bin/python}
+if [ ! -x "$python" ]; then
+  scripts/dev setup
+  python=$root/.venv/bin/python
+fi
+out=${1:-benchmarks/results/gpu-suite}
+mkdir -p "$out"
+
+"$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else
+    f"gpu_suite: torch {torch.__version__} sees no CUDA device; run this on a GPU machine")'
+
+set +e
+"$python" -m pytest -p no:cacheprovider -m gpu tests/test_gpu.py -q \
+  --junitxml="$out/tests.xml" >"$out/tests.txt" 2>&1
+tests_status=$?
+set -e
+tail -n 1 "$out/tests.txt"
+
+"$python" benchmarks/bench_speed.py --out "$out" --name speed \
+  --models SASRec,BSARec,FBSARec,PolyRec,RecDenoiser,FMLPRec,DuoRec,CL4SRec,TiSASRec,SSEPT
+
+"$python" - "$out" <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import torch
+
+out = Path(sys.argv[1])
+rows = ["| test | outcome | seconds |", "|---|---|---|"]
+for case in ET.parse(out / "tests.xml").iter("testcase"):
+    outcome = "passed"
+    for kind in ("failure", "error", "skipped"):
+        if case.find(kind) is not None:
+            outcome = kind
+    rows.append(f"| {case.get('name')} | {outcome} | {float(case.get('time', 0)):.1f} |")
+speed = sorted(out.glob("speed-*.md"))
+text = [
+    f"# GPU suite: {torch.cuda.get_device_name(0)}, torch {torch.__version__}",
+    "",
+    "Command: `benchmarks/gpu_suite.sh`. Tests: tests/test_gpu.py (tiny data, one epoch).",
+    "",
+    *rows,
+    "",
+    "## Speed (benchmarks/bench_speed.py, ratios to RecBole's SASRec in the same run)",
+    "",
+    *(path.read_text() for path in speed),
+]
+(out / "gpu-suite.md").write_text("\n".join(text) + "\n")
+print(f"wrote {out / 'gpu-suite.md'}")
+PY
+exit "$tests_status"

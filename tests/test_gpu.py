@@ -1,0 +1,80 @@
+"""CUDA paths (marker ``gpu``; skipped without a CUDA device, so never in CI): every model
+trains an epoch on the GPU with and without mixed precision, and the fused attention's CUDA
+branches compute the explicit attention.  ``benchmarks/gpu_suite.sh`` runs this module and
+the speed benchmark in one command."""
+
+import math
+
+import pytest
+import torch
+
+from conftest import without_transformer_settings
+from recbole_freq.model import MODELS
+from recbole_freq.model.layers import (
+    SoftmaxAttention,
+    attention_probabilities,
+    build_attention_mask,
+)
+from recbole_freq.quick_start import run
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+BASELINES = ["SASRec", "BERT4Rec", "GRU4Rec", "FEARec"]
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
+@pytest.mark.parametrize("model", sorted(MODELS) + BASELINES)
+def test_every_model_trains_an_epoch_on_cuda(small_config, model, amp):
+    settings = dict(small_config, epochs=1, device="cuda", enable_amp=amp)
+    if model == "GRU4Rec":
+        settings = without_transformer_settings(settings)
+    if model == "FEARec":
+        settings["MAX_ITEM_LIST_LENGTH"] = 50  # its time delays need L >= 36 at topk_factor 10
+    summary = run(model, "tiny", config_dict=settings)
+    assert summary["device"].startswith("cuda")
+    assert all(math.isfinite(epoch["train_loss"]) for epoch in summary["history"])
+    assert all(0 <= value <= 1 for value in summary["test_result"].values())
+
+
+def attention_inputs(device):
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(3, 2, 9, 8, device=device, requires_grad=True) for _ in range(3))
+    item_seq = torch.tensor(
+        [[4, 5, 6, 0, 0, 0, 0, 0, 0], [1] * 9, [3, 3, 0, 0, 0, 0, 0, 0, 0]], device=device
+    )
+    return q, k, v, build_attention_mask(item_seq)
+
+
+def test_cuda_fused_training_branch_computes_the_explicit_attention():
+    # In training mode on CUDA the operator always takes the fused kernel; with dropout 0
+    # its values and gradients must be those of the explicit softmax attention.
+    q, k, v, mask = attention_inputs("cuda")
+    operator = SoftmaxAttention(0.0).train()
+    fused = operator(q, k, v, mask)
+    fused_grads = torch.autograd.grad(fused.square().sum(), (q, k, v))
+    explicit = attention_probabilities(q, k, mask) @ v
+    explicit_grads = torch.autograd.grad(explicit.square().sum(), (q, k, v))
+    torch.testing.assert_close(fused, explicit, atol=1e-4, rtol=1e-4)
+    for got, want in zip(fused_grads, explicit_grads):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_cuda_in_kernel_dropout_keeps_the_expected_output():
+    # The fused kernel's dropout rescales kept probabilities by 1 / (1 - p): averaged
+    # over many draws the output is the explicit attention's.
+    q, k, v, mask = attention_inputs("cuda")
+    operator = SoftmaxAttention(0.3).train()
+    with torch.no_grad():
+        mean = torch.stack([operator(q, k, v, mask) for _ in range(4000)]).mean(0)
+        explicit = attention_probabilities(q, k, mask) @ v
+    torch.testing.assert_close(mean, explicit, atol=0.05, rtol=0.05)
+
+
+def test_cuda_and_cpu_inference_agree():
+    q, k, v, mask = attention_inputs("cpu")
+    operator = SoftmaxAttention(0.5).eval()
+    on_cpu = operator(q, k, v, mask)
+    on_cuda = operator(*(t.cuda() for t in (q, k, v, mask)))
+    torch.testing.assert_close(on_cuda.cpu(), on_cpu, atol=1e-4, rtol=1e-4)
