@@ -246,16 +246,20 @@ def test_a_cluster_with_token_authentication_says_what_to_set(tmp_path, small_co
     # A real head node with RAY_AUTH_MODE=token (Ray >= 2.52); this process has no token.
     import shutil
     import subprocess
+    import tempfile
     import time
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     ray_command = os.path.join(os.path.dirname(sys.executable), "ray")
+    # Its own short temp dir (Ray's socket paths are limited to ~100 characters): the
+    # head's address file must not become the default cluster of later local ray.init().
+    temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
     head = subprocess.Popen(
         [ray_command if os.path.exists(ray_command) else shutil.which("ray"), "start", "--head",
          f"--port={port}", "--num-cpus=1", "--include-dashboard=false", "--block",
-         "--disable-usage-stats"],
+         "--disable-usage-stats", f"--temp-dir={temp_dir}"],
         env=dict(os.environ, RAY_AUTH_MODE="token"),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
@@ -277,6 +281,14 @@ def test_a_cluster_with_token_authentication_says_what_to_set(tmp_path, small_co
     finally:
         os.killpg(head.pid, 15)
         head.wait(timeout=60)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    # A local Ray still starts afterwards (nothing of the head was left as the default).
+    local = subprocess.run(
+        [sys.executable, "-c", "import ray; ray.init(num_cpus=1, include_dashboard=False); "
+         "print(ray.cluster_resources()['CPU']); ray.shutdown()"],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert local.returncode == 0 and local.stdout.strip().endswith("1.0"), local.stderr[-500:]
 
 
 @pytest.fixture(scope="module")
