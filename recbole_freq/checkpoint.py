@@ -184,6 +184,7 @@ def restore_model(path, data_path=None, device="cpu", adjust=None):
     checkpoint = load_checkpoint(path)
     config = checkpoint["config"]
     _drop_pickled_cache_settings(config, path)
+    in_one_process(config)
     _check_sizes_before_building(config, checkpoint["state_dict"], path)
     checkpoint["weights_sha256"] = weights_fingerprint(checkpoint["state_dict"])
     _compare_with_run_summary(path, checkpoint["weights_sha256"])
@@ -282,6 +283,14 @@ def _check_same_data(config, path) -> None:
             f"{current[:16]}: the dataset was prepared again with other content. Point "
             "--data_path at the data it was trained on."
         )
+
+
+def in_one_process(config) -> None:
+    """The config of a data-parallel run (``--nproc``) as one process's: the checkpoint
+    is read here, with no process group, so the loaders must not be sharded."""
+    if config["single_spec"] is False:
+        config["single_spec"] = True
+        config["local_rank"] = 0
 
 
 def _drop_pickled_cache_settings(config, path) -> None:

@@ -112,6 +112,27 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
     that one line (no traceback) and Python exits with 1.  Test:
     ``test_packaging.test_a_fresh_environment_*``.
 
+14. ``Config._init_device`` opens RecBole's data-parallel process group (a config with
+    ``local_rank``, as ``run_recbole(..., nproc=N)`` gives each process) with the ``nccl``
+    backend and a CUDA device whatever the machine has, after asserting one ``gpu_id``
+    per process: on a machine without CUDA every data-parallel run failed at that
+    assertion.  Without CUDA the replacement opens a ``gloo`` group on the CPU; with
+    CUDA it does what RecBole does (``nccl``, ``cuda:<local_rank>``), the assertion a
+    one-line ``ValueError``.  The process that writes (global rank 0, ``local_rank +
+    offset``) keeps the log; the others log errors only, as RecBole quiets them.  No
+    RecBole issue found (#1684 asks for CPU DDP).  Test:
+    ``test_distributed.test_recboles_device_setup_opens_a_gloo_group_without_cuda``.
+
+15. ``AbstractTrainer.__init__`` wraps the model in ``DistributedDataParallel`` with
+    ``device_ids=[local_rank]``, which torch refuses for a module on the CPU.  The
+    replacement passes device ids only for a CUDA model.  Test:
+    ``test_distributed.test_recboles_trainer_wraps_a_cpu_model_for_data_parallel``.
+
+16. Every RecBole trainer opens a TensorBoard writer, named after its log file, in every
+    process of a data-parallel run: the quiet processes (no log file) each left an
+    empty ``log_tensorboard/model-<time>`` folder.  Only the writing process opens one
+    now.  Test: ``test_distributed.test_two_processes_train_and_evaluate_as_one``.
+
 ``apply()`` is idempotent and runs when ``recbole_freq`` is imported, after
 ``require_recbole()``.
 """
@@ -350,10 +371,11 @@ def _patch_recbole_checkpoint_loading() -> None:
     original_save, original_evaluate = Trainer._save_checkpoint, Trainer.evaluate
 
     def _save_checkpoint(self, epoch, verbose=True, **kwargs):
+        if not writing_rank(self.config):
+            return  # RecBole's test (local_rank) would let rank 0 of every machine write
         target = kwargs.get("saved_model_file", self.saved_model_file)
         original_save(self, epoch, verbose=verbose, **kwargs)
-        if self.config["single_spec"] or self.config["local_rank"] == 0:
-            setattr(self, _BEST_IN_MEMORY, {"file": str(target), **_snapshot(self.model)})
+        setattr(self, _BEST_IN_MEMORY, {"file": str(target), **_snapshot(self.model)})
 
     def evaluate(self, eval_data, load_best_model=True, model_file=None, show_progress=False):
         saved = getattr(self, _BEST_IN_MEMORY, None)
@@ -413,7 +435,13 @@ def _init_logger_per_run(original):
             if hasattr(handler, _RUN_HANDLER_FLAG):
                 handler.close()
         try:
-            original(config)  # basicConfig now installs this run's stream and file handlers
+            if writing_rank(config):
+                original(config)  # basicConfig installs this run's stream and file handlers
+            else:
+                # A quiet process of a data-parallel run (fix 14): errors only, no file.
+                quiet = logging.StreamHandler()
+                quiet.setLevel(logging.ERROR)
+                root.addHandler(quiet)
         finally:
             for handler in root.handlers:
                 setattr(handler, _RUN_HANDLER_FLAG, True)
@@ -575,6 +603,100 @@ def _grad_scaler_of_torch_amp() -> None:
     )
 
 
+def writing_rank(config) -> bool:
+    """Whether this process writes the run's files: the only process of a plain run, or
+    global rank 0 (``local_rank + offset``) of a data-parallel one (fixes 14-16)."""
+
+    def value(key):
+        try:
+            return config[key]
+        except KeyError:
+            return None
+
+    if value("single_spec") is not False:
+        return True
+    return int(value("local_rank") or 0) + int(value("offset") or 0) == 0
+
+
+def _init_device_without_cuda(original):
+    def _init_device(self):
+        values = self.final_config_dict
+        if "local_rank" not in values:
+            return original(self)
+        import torch
+
+        gpu_id = values["gpu_id"]
+        gpu_id = ",".join(map(str, gpu_id)) if isinstance(gpu_id, tuple) else str(gpu_id)
+        values["gpu_id"] = gpu_id
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu_id
+        local_rank, nproc = int(values["local_rank"]), int(values["nproc"])
+        cuda = bool(gpu_id) and torch.cuda.is_available()
+        if cuda and len(gpu_id.split(",")) < nproc:
+            raise ValueError(
+                f"nproc={nproc} processes need as many GPUs, but gpu_id={gpu_id!r} names "
+                f"{len(gpu_id.split(','))}; list one per process (e.g. gpu_id: '0,1')"
+            )
+        torch.distributed.init_process_group(
+            backend="nccl" if cuda else "gloo",
+            rank=local_rank + int(values["offset"]),
+            world_size=int(values["world_size"]),
+            init_method=f"tcp://{values['ip']}:{values['port']}",
+        )
+        values["single_spec"] = False
+        if cuda:
+            values["device"] = torch.device("cuda", local_rank)
+            torch.cuda.set_device(local_rank)
+        else:
+            values["device"] = torch.device("cpu")
+        if not writing_rank(values):
+            values["state"] = "error"
+            values["show_progress"] = False
+            values["verbose"] = False
+
+    _init_device.__wrapped__ = original
+    return _init_device
+
+
+def _data_parallel_without_cuda() -> None:
+    import recbole.trainer.trainer as trainer_module
+    from recbole.config import Config
+
+    Config._init_device = _init_device_without_cuda(Config._init_device)
+    original_init = trainer_module.AbstractTrainer.__init__
+
+    def __init__(self, config, model):
+        self.config = config
+        self.model = model
+        if not config["single_spec"]:
+            import torch
+
+            self.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            on_cuda = torch.device(config["device"]).type == "cuda"
+            self.distributed_model = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[config["local_rank"]] if on_cuda else None
+            )
+
+    __init__.__wrapped__ = original_init
+    trainer_module.AbstractTrainer.__init__ = __init__
+    original_tensorboard = trainer_module.get_tensorboard
+
+    def get_tensorboard(logger):
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+            return _NoTensorBoard()
+        return original_tensorboard(logger)
+
+    trainer_module.get_tensorboard = get_tensorboard
+
+
+class _NoTensorBoard:
+    """The TensorBoard writer of a process that writes nothing (fix 16)."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
 def _guard_recboles_quick_start() -> None:
     when_imported("recbole.quick_start.quick_start", _patch_recbole_quick_start)
 
@@ -595,5 +717,6 @@ def apply() -> None:
     _never_download_datasets()
     _collector_moves_only_tensors()
     _grad_scaler_of_torch_amp()
+    _data_parallel_without_cuda()
     _guard_recboles_quick_start()
     _applied = True

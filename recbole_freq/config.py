@@ -391,14 +391,6 @@ class FreqConfig(Config):
         check_user_settings(model_class, given, self._shared_with)
         self._sample_negatives_for_pairwise_losses(given)
         self._read_pre_split_files(given)
-        for key in ("nproc", "world_size"):
-            if key in given and isinstance(given[key][1], int) and given[key][1] > 1:
-                # RecBole's own launcher reads these; the plugin's runs would train one
-                # process and ignore them.
-                raise ValueError(
-                    f"{key}={given[key][1]} ({given[key][0]}): recbole-freq does not run "
-                    "data-parallel training yet; every run trains in one process. Remove it"
-                )
         if "data_path" in given and self.dataset == "ml-100k":
             # RecBole points ml-100k at its bundled copy whatever data_path says; a
             # user's own prepared ml-100k must win.

@@ -27,6 +27,15 @@ from recbole_freq.checkpoint import weights_fingerprint
 from recbole_freq.compat import current_log_file, saved_state
 from recbole_freq.config import FreqConfig, get_model_class
 from recbole_freq.data import check_prepared, dataset_fingerprint, inter_files
+from recbole_freq.distributed import (
+    DataParallelError,
+    data_parallel_settings,
+    is_data_parallel,
+    run_data_parallel,
+    shard_training_loader,
+    whole_loaders,
+    writing_rank,
+)
 from recbole_freq.evaluation import use_full_sort_for_sampled_scoring
 from recbole_freq.files import OutputWriteError, check_writable, plain_value, write_atomic
 from recbole_freq.memory import TrainingOutOfMemory, check_memory, longest_history
@@ -119,6 +128,10 @@ def run(
 ) -> dict:
     """Train ``model`` on ``dataset`` and evaluate on the test split; return a summary.
 
+    With ``nproc`` (or ``world_size``) above 1 in the settings, the run trains
+    data-parallel in that many processes (``recbole_freq.distributed``) and the summary
+    is process 0's.
+
     ``shared_with``: other models given the same settings (``FreqConfig``).
     ``resume_file``: where the run keeps its resume state (``recbole_freq.resume``);
     if the file exists, the run continues from it (its settings must be the same).  By
@@ -126,7 +139,31 @@ def run(
     config = FreqConfig(
         model, dataset, config_files, config_dict, cmd_overrides, paper, shared_with
     )
-    return run_config(config, saved, resume_file)
+    parallel = data_parallel_settings(config)
+    if parallel is None:
+        return run_config(config, saved, resume_file)
+    if resume_file is not None and Path(resume_file).exists():
+        raise DataParallelError(
+            f"{resume_file} holds a one-process run's resume state; a data-parallel run "
+            "(nproc / world_size above 1) cannot continue it: resume it with nproc 1, or "
+            "delete it to start afresh"
+        )
+    # What can be checked before any process starts is checked once, here.
+    check_run_settings(config)
+    check_prepared(config)
+    check_atomic_columns(config)
+    check_output_locations(config, saved)
+    request = dict(
+        model=model,
+        dataset=dataset,
+        config_files=config_files,
+        config_dict=config_dict,
+        cmd_overrides=cmd_overrides,
+        paper=paper,
+        shared_with=tuple(shared_with),
+        saved=saved,
+    )
+    return run_data_parallel(request, parallel)
 
 
 def resume_run(path) -> dict:
@@ -169,7 +206,9 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
     trainer.saved_model_file = unique_checkpoint_path(config)
     recorder = TrainingRecorder(trainer)
     loaders = (train_data, valid_data, test_data)
-    if saved:
+    parallel = is_data_parallel(config)
+    writes = saved and writing_rank(config)
+    if saved and not parallel:
         resume_file = Path(resume_file or resume_file_for(trainer.saved_model_file))
         if state is None and resume_file.is_file():
             state = load_resume_state(resume_file)
@@ -194,7 +233,7 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
             )
         except KeyboardInterrupt as interrupt:
             raise RunInterrupted(
-                _interrupted_training(recorder, resume_file if saved else None)
+                _interrupted_training(recorder, resume_file if saved and not parallel else None)
             ) from interrupt
         test_result = trainer.evaluate(
             test_data, load_best_model=saved, show_progress=config["show_progress"]
@@ -224,6 +263,7 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
         "train_seconds_per_epoch": recorder.train_seconds / max(n_epochs, 1),
         "total_seconds": time.perf_counter() - start,
         "parameters": sum(p.numel() for p in model_instance.parameters()),
+        "processes": int(config["world_size"]) if parallel else 1,
         "checkpoint": trainer.saved_model_file if saved else None,
         "weights_sha256": weights_fingerprint(best_state["state_dict"]) if best_state else None,
         "log_file": current_log_file(),
@@ -241,7 +281,7 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
     # Optional model hook: what a model wants kept with the run (e.g. learned masks).
     if callable(getattr(model_instance, "run_summary", None)):
         summary["model_report"] = model_instance.run_summary()
-    if saved:
+    if writes:
         summary_file = Path(trainer.saved_model_file).with_suffix(".json")
         summary["summary_file"] = str(summary_file)
         try:
@@ -255,7 +295,7 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
             )
             kept.summary = summary
             raise kept from error
-    if saved and resume_file.exists():
+    if saved and not parallel and resume_file.exists():
         resume_file.unlink()
     return summary
 
@@ -290,15 +330,20 @@ def load_splits(config, dataset=None):
     benchmark runs: seed, ``create_dataset`` (unless ``dataset`` is given), then
     ``data_preparation``, the synthetic noise of ``noise_ratio`` (``noise``; its report is
     ``train_data.noise_report``, None without noise) and the run's protocol
-    (``protocol.apply_protocol``).  Returns ``(dataset, (train_data, valid_data, test_data))``."""
+    (``protocol.apply_protocol``).  In a data-parallel process only the training loader
+    is sharded (``distributed``).  Returns ``(dataset, (train_data, valid_data, test_data))``."""
     if dataset is None:
         init_seed(config["seed"], config["reproducibility"])
         dataset = create_dataset(config)
-    splits = data_preparation(config, dataset)
-    # noise_ratio acts on RecBole's prefix rows, before a protocol rebuilds the training
-    # rows (and the evaluation histories) from them, so every protocol sees one corruption.
-    noise = corrupt_training_data(config, *splits)
-    train_data, valid_data, test_data = apply_protocol(config, dataset, splits)
+    with whole_loaders(config):
+        splits = data_preparation(config, dataset)
+        # noise_ratio acts on RecBole's prefix rows, before a protocol rebuilds the
+        # training rows (and the evaluation histories) from them, so every protocol sees
+        # one corruption.
+        noise = corrupt_training_data(config, *splits)
+        train_data, valid_data, test_data = apply_protocol(config, dataset, splits)
+    if is_data_parallel(config):
+        train_data = shard_training_loader(config, train_data)
     train_data.noise_report = noise  # for the run summary
     return dataset, (train_data, valid_data, test_data)
 
@@ -550,9 +595,10 @@ def evaluate_extra_test_modes(config, recbole_dataset, loaders, trainer, saved) 
             init_seed(config["seed"], config["reproducibility"])
             built = [loader._dataset for loader in loaders]
             test_sampler = create_samplers(config, recbole_dataset, built)[2]
-            test_data = get_dataloader(config, "test")(
-                config, built[2], test_sampler, shuffle=False
-            )
+            with whole_loaders(config):
+                test_data = get_dataloader(config, "test")(
+                    config, built[2], test_sampler, shuffle=False
+                )
             use_protocol_negatives(config, test_data)
             results[mode] = dict(
                 trainer.evaluate(

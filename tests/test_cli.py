@@ -80,9 +80,10 @@ BAD_INPUTS = [
         "fusion_branches=['bsa', 'nope'] is invalid",
     ),
     (["--config_files", "missing.yaml"], "config file 'missing.yaml' does not exist"),
-    # RecBole's launcher keys, which the plugin's single-process runs would ignore.
-    (["--nproc=2"], "nproc=2 (command line): recbole-freq does not run data-parallel"),
-    (["--world_size=4"], "world_size=4 (command line): recbole-freq does not run data-parallel"),
+    # RecBole's launcher keys (data-parallel training) that cannot run.
+    (["--nproc=0"], "nproc=0: a run needs at least 1 process"),
+    (["--world_size=4"], "world_size=4 spans machines (nproc=1 here): give ip and port"),
+    (["--nproc=2", "--offset=1"], "nproc=2 processes from offset=1 exceed world_size=2"),
 ]
 
 

@@ -173,6 +173,7 @@ BAD_COMPARISONS = [
     (["--compare", "BSARec", "--metrics", "mrr@10"], "mrr@10 are not evaluated"),
     (["--compare", "BSARec", "--dataset=not-there"], "dataset 'not-there' is not prepared"),
     (["--compare", "BSARec", "--cpus_per_run", "2"], "need --ray"),
+    (["--compare", "BSARec", "--ray", "--nproc=2"], "nproc and world_size (data-parallel"),
 ]
 
 

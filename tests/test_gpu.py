@@ -78,3 +78,19 @@ def test_cuda_and_cpu_inference_agree():
     on_cpu = operator(q, k, v, mask)
     on_cuda = operator(*(t.cuda() for t in (q, k, v, mask)))
     torch.testing.assert_close(on_cuda.cpu(), on_cpu, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+@pytest.mark.parametrize("model", ["BSARec", "RecDenoiser"])
+def test_two_gpus_train_data_parallel_and_evaluate_as_one(small_config, model):
+    """--nproc 2 on two GPUs (nccl): the test metrics equal those of evaluating the
+    checkpoint in one process (``tests/test_distributed.py`` runs the same on the CPU)."""
+    from recbole_freq.evaluate import evaluate_checkpoint
+
+    settings = dict(small_config, epochs=1, nproc=2, gpu_id="0,1")
+    summary = run(model, "tiny", config_dict=settings)
+    assert summary["processes"] == 2 and summary["device"] == "cuda:0"
+    (one,) = evaluate_checkpoint(
+        summary["checkpoint"], [summary["protocol"]["protocol"]], device="cuda"
+    )
+    assert one["test_result"] == summary["test_result"]

@@ -52,6 +52,7 @@ from recbole_freq.compare.tables import (
     save_plot,
     summarise,
 )
+from recbole_freq.distributed import data_parallel_settings
 from recbole_freq.files import check_writable, write_atomic
 from recbole_freq.model import BASELINES, MODELS
 from recbole_freq.protocol import comparable_label, protocol_file
@@ -235,6 +236,11 @@ def compare(
         references,
     )  # fmt: skip
     config = next(iter(configs.values()))
+    if use_ray and data_parallel_settings(config) is not None:
+        raise ComparisonError(
+            "--ray runs the comparison's trainings side by side, one process each; nproc "
+            "and world_size (data-parallel training) work without --ray"
+        )
     metrics = choose_metrics(None if metrics is None else _parse_list(metrics, "--metrics"), config)
     check_writable(out, "--out")
     check_out_dir(out, settings)

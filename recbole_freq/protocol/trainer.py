@@ -148,9 +148,24 @@ class ProtocolTrainer:
         )
 
     def evaluate(self, eval_data, load_best_model=True, model_file=None, show_progress=False):
+        """RecBole's evaluation; in a data-parallel run (``recbole_freq.distributed``)
+        global rank 0 evaluates every row and the others receive its result, so the
+        metrics are one process's on the same weights."""
         self._eval_histories = getattr(eval_data._dataset, "protocol_histories", None)
         self._eval_data = eval_data
-        return super().evaluate(eval_data, load_best_model, model_file, show_progress)
+        if self.config["single_spec"] is not False:
+            return super().evaluate(eval_data, load_best_model, model_file, show_progress)
+        from recbole_freq.distributed import broadcast_from_writer, writing_rank
+
+        result = None
+        if writing_rank(self.config):
+            result = super().evaluate(eval_data, load_best_model, model_file, show_progress)
+        return broadcast_from_writer(result)
+
+    def _map_reduce(self, result, num_sample):
+        # The evaluation loaders of a data-parallel run are whole (`evaluate`): the
+        # writing rank's result is already every row's.
+        return result
 
     def per_user_ranks(self) -> dict | None:
         """Each user's rank of the target in the last evaluation, from RecBole's own top-k
