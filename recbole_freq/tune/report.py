@@ -24,8 +24,11 @@ def finished_trials(results) -> tuple[int, int]:
     return finished, len(trials)
 
 
-def rank_trials(results, names: list[str], mode: str) -> list[dict]:
-    """One row per trial, best validation score first; failed trials last."""
+def rank_trials(results, names: list[str], mode: str, stopped_tests=None) -> list[dict]:
+    """One row per trial, best validation score first; failed trials last.
+    ``stopped_tests``: trial folder -> the test results of a trial ASHA stopped (from its
+    last checkpoint's best weights, ``trial.test_stopped_trial``)."""
+    stopped_tests = stopped_tests or {}
     rows = []
     for result in results:
         metrics = result.metrics or {}
@@ -57,6 +60,12 @@ def rank_trials(results, names: list[str], mode: str) -> list[dict]:
         for key, value in final.items():
             if key.startswith(("test_", "valid_")) and key != "valid_score":
                 row[key] = value
+        tested = {} if final else stopped_tests.get(str(result.path), {})
+        for key, value in tested.items():
+            if key.startswith("test_"):
+                row[key] = value
+        if tested:
+            row["protocol"] = tested.get("protocol")
         if final:
             row["checkpoint"] = final.get("checkpoint_file")
             row["device"] = final.get("device")

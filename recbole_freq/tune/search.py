@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from recbole_freq.config import check_name_component
+from recbole_freq.distributed import data_parallel_settings
 from recbole_freq.files import check_writable, plain_value, write_atomic
 from recbole_freq.ray_cluster import check_resources, import_ray, start_or_join
 from recbole_freq.tune.hyper import distinct_combinations, grid_size, parse_hyper_file
@@ -207,6 +208,11 @@ def tune_model(
     config_dict = dict(config_dict or {})
     config_files = [os.path.abspath(path) for path in config_files or []]
     config = FreqConfig(model, dataset, config_files, config_dict, overrides, paper)
+    if data_parallel_settings(config) is not None:
+        raise TuneSetupError(
+            "a search trains its trials side by side, one process each; nproc and "
+            "world_size (data-parallel training) are for a single training run or --compare"
+        )
     check_prepared(config)
     _validate_space(space, config, {**config_dict, **overrides})
     if not config["eval_step"] or config["eval_step"] < 1 or config["eval_step"] > config["epochs"]:
@@ -316,7 +322,7 @@ def tune_model(
             f"the search stopped: {finished} of the {started} trials started had finished; "
             f"the search's state is kept in {experiment_dir}"
         )
-    rows = rank_trials(results, list(space), mode)
+    rows = rank_trials(results, list(space), mode, _test_stopped_trials(results))
     summary = {
         "model": model_name,
         "dataset": dataset,
@@ -327,6 +333,20 @@ def tune_model(
         "trials": rows,
     }
     return write_outputs(summary, experiment_dir, list(space), job, config_dict, cmd_overrides)
+
+
+def _test_stopped_trials(results) -> dict[str, dict]:
+    """Trial folder -> test results of each trial that ASHA stopped before its own test
+    evaluation, from the best weights in its last checkpoint (``trial.test_stopped_trial``)."""
+    from recbole_freq.tune.trial import test_stopped_trial
+
+    tested = {}
+    for result in results:
+        metrics = result.metrics or {}
+        if metrics.get("final") or result.error is not None or result.checkpoint is None:
+            continue
+        tested[str(result.path)] = test_stopped_trial(result.checkpoint)
+    return tested
 
 
 def _dataset_keys() -> set:
@@ -364,6 +384,8 @@ def _fit(trainable, searcher, metric_mode, scheduler, where, verbose):
                 storage_path=str(storage),
                 verbose=verbose,
                 failure_config=tune.FailureConfig(max_failures=0),
+                # Each checkpoint holds the trial's best weights so far: the last suffices.
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                 # RecBole's log/ and log_tensorboard/ go to the trial's working dir.
                 sync_config=tune.SyncConfig(sync_artifacts=True),
             ),
@@ -378,6 +400,9 @@ def _fit(trainable, searcher, metric_mode, scheduler, where, verbose):
     # hint that names its Tuner.restore API.  Its notices are muted (ours names
     # --resume --name) and the event its signal handler sets is kept to tell an
     # interrupted search from a finished one.
+    # Keeping one checkpoint per trial makes Ray snapshot the experiment after each
+    # report and warn about it every time; the snapshot is what --resume needs.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     ray_tune_logger = logging.getLogger("ray.tune.tune")
     level = ray_tune_logger.level
     ray_tune_logger.setLevel(logging.ERROR)

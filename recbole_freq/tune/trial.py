@@ -1,9 +1,13 @@
 """One trial of a search, run in a Ray worker: train one configuration with RecBole's
-trainer and report its validation metric after every evaluation epoch."""
+trainer and report its validation metric after every evaluation epoch, with a Ray
+checkpoint that lets the trial continue (``--resume``) and be tested after ASHA stops it."""
 
 from __future__ import annotations
 
+import logging
 import os
+import tempfile
+from pathlib import Path
 
 from recbole_freq.files import plain_value
 from recbole_freq.memory import check_memory, longest_history
@@ -22,13 +26,22 @@ def trial_device_overrides(gpu_ids) -> dict:
     return {"gpu_id": visible, "use_gpu": True}
 
 
+# The file in each Ray checkpoint of a trial: the run's resume state after an epoch.
+TRIAL_STATE = "trial_state.pth"
+
+
 def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
     """Ray Tune function trainable: train one configuration with RecBole's trainer.
 
     Reports after every validation epoch ``valid_score`` (the ``valid_metric``), the
-    other validation metrics as ``valid_<metric>`` and ``train_loss``; then evaluates
-    the test split once on the best epoch's checkpoint and reports a final result with
-    ``final: True``, ``valid_score`` = best validation score and ``test_<metric>``.
+    other validation metrics as ``valid_<metric>`` and ``train_loss``, with a Ray
+    checkpoint holding the run's resume state (``recbole_freq.resume``: weights,
+    optimizer, early stopping, best weights so far, history, random generators); then
+    evaluates the test split once on the best epoch's weights and reports a final result
+    with ``final: True``, ``valid_score`` = best validation score and ``test_<metric>``.
+    A trial that Ray restores (a resumed search) continues from its checkpoint's epoch
+    with the state it had there; one that ASHA stops is tested from its checkpoint
+    afterwards (``test_stopped_trial``).
     """
     import ray
     from ray import tune
@@ -43,8 +56,16 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
         TrainingRecorder,
         evaluate_extra_test_modes,
         load_splits,
+        log_flops,
         new_model,
         unique_checkpoint_path,
+    )
+    from recbole_freq.resume import (
+        ResumeError,
+        apply_resume_state,
+        load_resume_state,
+        save_resume_state,
+        settings_differences,
     )
 
     params = {name: plain_value(value) for name, value in params.items()}
@@ -76,19 +97,42 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
 
     model = new_model(config, train_data)
     use_full_sort_for_sampled_scoring(model)
+    # As `run` does: the count draws random numbers (dropout, BERT4Rec's masking), so a
+    # trial trains exactly as a run of its configuration (best.yaml) does.
+    log_flops(config, model, dataset, logging.getLogger())
     trainer = protocol_trainer(config, model)
     trainer.saved_model_file = unique_checkpoint_path(config)
     recorder = TrainingRecorder(trainer)
-    recorder.after_valid = lambda epoch: tune.report(
-        {
+    loaders = (train_data, valid_data, test_data)
+    restored = tune.get_checkpoint()
+    if restored is not None:
+        with restored.as_directory() as folder:
+            state = load_resume_state(Path(folder) / TRIAL_STATE)
+        differences = settings_differences(state["config"], config)
+        if differences:
+            raise ResumeError(
+                "the trial's checkpoint was written with other settings ("
+                + "; ".join(differences[:3])
+                + ")"
+            )
+        apply_resume_state(state, trainer, recorder, loaders)
+
+    def report_epoch(epoch_idx, valid_score):
+        # After RecBole's early-stopping bookkeeping of the epoch: the state saved is the
+        # one the next epoch starts from, best weights included.
+        epoch = recorder.epochs[-1]
+        metrics = {
             "valid_score": epoch["valid_score"],
             "epoch": epoch["epoch"],
             "train_loss": epoch["train_loss"],
             **{f"valid_{key}": float(value) for key, value in epoch["valid"].items()},
         }
-    )
+        with tempfile.TemporaryDirectory() as folder:
+            save_resume_state(Path(folder) / TRIAL_STATE, trainer, recorder, loaders, epoch_idx + 1)
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
+
     best_valid_score, best_valid_result = trainer.fit(
-        train_data, valid_data, saved=True, show_progress=False
+        train_data, valid_data, saved=True, show_progress=False, callback_fn=report_epoch
     )
     test_result = trainer.evaluate(test_data, load_best_model=True, show_progress=False)
     extra = evaluate_extra_test_modes(
@@ -109,3 +153,37 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
     for mode, result in extra.items():
         final.update({f"test_{mode}_{key}": float(value) for key, value in result.items()})
     tune.report(final)
+
+
+def test_stopped_trial(checkpoint) -> dict:
+    """``test_<metric>`` (and ``test_<mode>_<metric>`` of ``extra_test_modes``) of a trial
+    that ASHA stopped, from the best weights in its last Ray checkpoint, evaluated here as
+    the trial would have at its end; ``best_epoch``: the epoch those weights are from."""
+    from recbole_freq.checkpoint import in_one_process
+    from recbole_freq.protocol import protocol_label, protocol_trainer
+    from recbole_freq.quick_start import evaluate_extra_test_modes, load_splits, new_model
+    from recbole_freq.resume import load_resume_state
+
+    with checkpoint.as_directory() as folder:
+        state = load_resume_state(Path(folder) / TRIAL_STATE)
+    if state["best_state"] is None:
+        return {}
+    config = state["config"]
+    in_one_process(config)
+    config["show_progress"] = False
+    # The trial's device may be a GPU Ray gave it; the driver tests where it can.
+    import torch
+
+    if config["device"].type == "cuda" and not torch.cuda.is_available():
+        config["device"] = torch.device("cpu")
+    dataset, loaders = load_splits(config)
+    model = new_model(config, loaders[0])
+    model.load_state_dict(state["best_state"]["state_dict"])
+    trainer = protocol_trainer(config, model)
+    test_result = trainer.evaluate(loaders[2], load_best_model=False, show_progress=False)
+    extra = evaluate_extra_test_modes(config, dataset, loaders, trainer, False)
+    tested = {"protocol": protocol_label(config)}
+    tested.update({f"test_{key}": float(value) for key, value in test_result.items()})
+    for mode, result in extra.items():
+        tested.update({f"test_{mode}_{key}": float(value) for key, value in result.items()})
+    return tested
