@@ -100,6 +100,15 @@ def data_parallel_settings(config) -> dict | None:
             "on one machine give nproc alone, on several give each machine's nproc, the "
             "total world_size and its offset (the global rank of its first process)"
         )
+    batch = config["train_batch_size"]
+    if isinstance(batch, int) and batch % world_size:
+        # RecBole gives each process batch // world_size rows: the global batch would
+        # silently shrink (and Rec-Denoiser's beta scale, which reads it, would be off).
+        raise DataParallelError(
+            f"train_batch_size={batch} does not split into world_size={world_size} equal "
+            f"shards; use a multiple of {world_size} (e.g. {batch - batch % world_size} or "
+            f"{batch + world_size - batch % world_size})"
+        )
     ip, port = config["ip"], config["port"]
     if world_size > nproc and (ip is None or port is None):
         raise DataParallelError(

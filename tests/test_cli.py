@@ -84,6 +84,7 @@ BAD_INPUTS = [
     (["--nproc=0"], "nproc=0: a run needs at least 1 process"),
     (["--world_size=4"], "world_size=4 spans machines (nproc=1 here): give ip and port"),
     (["--nproc=2", "--offset=1"], "nproc=2 processes from offset=1 exceed world_size=2"),
+    (["--nproc=2", "--train_batch_size=63"], "train_batch_size=63 does not split into"),
 ]
 
 
