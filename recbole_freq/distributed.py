@@ -198,11 +198,18 @@ def run_data_parallel(request: dict, settings: dict):
                 while not queue.empty():
                     messages.append(queue.get())
                 raise _failure(messages, failure) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         for process in context.processes:
             if process.is_alive():
                 process.terminate()
-        raise
+        for process in context.processes:
+            process.join(timeout=10)
+        from recbole_freq.quick_start import RunInterrupted
+
+        raise RunInterrupted(
+            "training stopped; a data-parallel run keeps no resume state, so it starts "
+            "again from epoch 0 (the checkpoint of its best epoch so far, if any, is kept)"
+        ) from interrupt
     finally:
         spawn_log.setLevel(level)
     while not queue.empty():

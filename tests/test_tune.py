@@ -432,13 +432,35 @@ def test_tuning_a_dataset_key_loads_the_data_in_each_trial(ray_session, small_co
     assert yaml.safe_load(open(summary["best_yaml"]))["MAX_ITEM_LIST_LENGTH"] == 8
 
 
-def test_ctrl_c_in_a_search_keeps_finished_trials_and_names_the_resume_command(
-    ray_session, tiny_data, tmp_path, capsys
-):
+def main_with_ctrl_c_once(argv, when) -> int:
+    """``main(argv)`` with Ctrl-C (SIGINT to this process) as soon as ``when()`` holds."""
     import signal
     import threading
     import time
 
+    search_returned = threading.Event()
+
+    def ctrl_c_when():
+        # Generous: a loaded 2-core machine needs minutes for the first trial.
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not search_returned.is_set():
+            if when():
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=ctrl_c_when, daemon=True)
+    watcher.start()
+    try:
+        return main(argv)
+    finally:
+        search_returned.set()  # never a stray SIGINT into the rest of the test session
+        watcher.join()
+
+
+def test_ctrl_c_in_a_search_keeps_finished_trials_and_names_the_resume_command(
+    ray_session, tiny_data, tmp_path, capsys
+):
     hyper = _hyper(tmp_path, "alpha choice [0.1,0.5,0.9]\n")
     settings = dict(SMALL_MODEL, epochs=2, data_path=str(tiny_data), checkpoint_dir="saved")
     # RecBole's run_hyper.py flags: --params_file names the space, --output_file the report.
@@ -449,27 +471,10 @@ def test_ctrl_c_in_a_search_keeps_finished_trials_and_names_the_resume_command(
     argv += [f"--{key}={value}" for key, value in settings.items()]
     experiment = tmp_path / "results" / "stopped"
 
-    search_returned = threading.Event()
+    def first_trial_finished():
+        return any('"final": true' in p.read_text() for p in experiment.glob("*/result.json"))
 
-    def ctrl_c_after_the_first_trial():
-        # Generous: a loaded 2-core machine needs minutes for the first trial.
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and not search_returned.is_set():
-            finished = [
-                p for p in experiment.glob("*/result.json") if '"final": true' in p.read_text()
-            ]
-            if finished:
-                os.kill(os.getpid(), signal.SIGINT)
-                return
-            time.sleep(0.2)
-
-    watcher = threading.Thread(target=ctrl_c_after_the_first_trial, daemon=True)
-    watcher.start()
-    try:
-        code = main(argv)
-    finally:
-        search_returned.set()  # never a stray SIGINT into the rest of the test session
-    watcher.join()
+    code = main_with_ctrl_c_once(argv, first_trial_finished)
     err = capsys.readouterr().err
     assert code == 130, err
     line = err.strip().splitlines()[-1]
@@ -490,10 +495,6 @@ def test_a_resumed_search_continues_an_interrupted_trial_from_its_checkpoint(
 ):
     """Ctrl-C in the middle of a trial, then --resume: the trial continues from its last
     Ray checkpoint (no epoch reported twice) and ends as an uninterrupted run would."""
-    import signal
-    import threading
-    import time
-
     hyper = _hyper(tmp_path, "alpha choice [0.5]\n")
     settings = dict(SMALL_MODEL, epochs=30, stopping_step=30, data_path=str(tiny_data))
     settings.update(checkpoint_dir=str(tmp_path / "saved"))
@@ -501,23 +502,12 @@ def test_a_resumed_search_continues_an_interrupted_trial_from_its_checkpoint(
     argv += ["--storage_path=results", "--name=paused", "--verbose=0", "--scheduler=none"]
     argv += [f"--{key}={value}" for key, value in settings.items()]
     experiment = tmp_path / "results" / "paused"
-    search_returned = threading.Event()
 
-    def ctrl_c_after_the_first_checkpoint():
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and not search_returned.is_set():
-            if any(experiment.glob("*/checkpoint_*")):
-                os.kill(os.getpid(), signal.SIGINT)
-                return
-            time.sleep(0.05)
+    def first_checkpoint_reported():
+        # Ray writes the checkpoint folder first, then the report that registers it.
+        return any(p.stat().st_size for p in experiment.glob("*/result.json"))
 
-    watcher = threading.Thread(target=ctrl_c_after_the_first_checkpoint, daemon=True)
-    watcher.start()
-    try:
-        code = main(argv)
-    finally:
-        search_returned.set()
-    watcher.join()
+    code = main_with_ctrl_c_once(argv, first_checkpoint_reported)
     assert code == 130, capsys.readouterr().err
     (result_file,) = experiment.glob("*/result.json")
     before = [json.loads(line) for line in result_file.read_text().splitlines()]
