@@ -174,6 +174,7 @@ BAD_COMPARISONS = [
     (["--compare", "BSARec", "--dataset=not-there"], "dataset 'not-there' is not prepared"),
     (["--compare", "BSARec", "--cpus_per_run", "2"], "need --ray"),
     (["--compare", "BSARec", "--ray", "--nproc=2"], "nproc and world_size (data-parallel"),
+    (["--compare", "BSARec", "--world_size=2", "--ip=127.0.0.1", "--port=29999"], "spans machines"),
 ]
 
 

@@ -286,3 +286,38 @@ def test_ctrl_c_stops_every_process_in_one_line(small_config, tmp_path, capsys):
     assert code == 130, err
     assert err.count("\n") == 0 and "keeps no resume state" in err
     assert len(list((tmp_path / "saved").glob("*.pth"))) == 1
+
+
+def test_two_launches_form_one_run_as_two_machines_would(small_config, tmp_path):
+    """The several-machines form on one machine: a second launch (--offset=1, its own
+    folder) joins through --ip/--port; it writes nothing and says so, and the first writes
+    the run, whose metrics equal one process's on its checkpoint."""
+    import subprocess
+    import sys
+
+    from conftest import REPO_ROOT
+
+    port = free_port()
+    group = ["--world_size=2", "--ip=127.0.0.1", f"--port={port}"]
+    args = ["--model=BSARec", "--dataset=tiny", *cli_args(dict(small_config, epochs=1)), *group]
+    other = tmp_path / "other-machine"
+    other.mkdir()
+    second = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "run_recbole_freq.py"), *args, "--offset=1"],
+        cwd=other,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert main([*args, "--offset=0"]) == 0
+        out, err = second.communicate(timeout=300)
+    finally:
+        second.kill()
+    assert second.returncode == 0, err
+    assert "the machine with offset 0 writes" in out
+    assert not any(other.rglob("*.pth")) and not any(other.rglob("*.log"))
+    checkpoint, summary, _ = only_run(tmp_path)
+    assert summary["processes"] == 2
+    (one_process,) = evaluate_checkpoint(checkpoint, [summary["protocol"]["protocol"]])
+    assert one_process["test_result"] == summary["test_result"]

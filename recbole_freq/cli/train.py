@@ -186,5 +186,12 @@ def cli(argv: list[str]) -> int:
         return report_error(error)
     except EXPECTED_ERRORS as error:
         return report_error(error)
+    if summary is None:
+        # A machine of a multi-machine data-parallel run without global rank 0.
+        print(
+            "this machine's processes of the data-parallel run finished; the machine with "
+            "offset 0 writes its log, checkpoint and summary"
+        )
+        return 0
     print(format_summary(summary))
     return 0

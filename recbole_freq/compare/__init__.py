@@ -236,10 +236,17 @@ def compare(
         references,
     )  # fmt: skip
     config = next(iter(configs.values()))
-    if use_ray and data_parallel_settings(config) is not None:
+    parallel = data_parallel_settings(config)
+    if use_ray and parallel is not None:
         raise ComparisonError(
             "--ray runs the comparison's trainings side by side, one process each; nproc "
             "and world_size (data-parallel training) work without --ray"
+        )
+    if parallel is not None and parallel["world_size"] > parallel["nproc"]:
+        raise ComparisonError(
+            f"world_size={parallel['world_size']} spans machines; a comparison trains on "
+            "this machine's processes (nproc alone): train each model with "
+            "run_recbole_freq.py on every machine instead"
         )
     metrics = choose_metrics(None if metrics is None else _parse_list(metrics, "--metrics"), config)
     check_writable(out, "--out")
