@@ -349,8 +349,11 @@ def load_splits(config, dataset=None):
 
 
 def new_model(config, train_data):
-    """The model half: seeded as RecBole seeds it, built on the training split."""
-    init_seed(config["seed"] + (config["local_rank"] or 0), config["reproducibility"])
+    """The model half: seeded as RecBole seeds it (plus the process's global rank in a
+    data-parallel run, so that no two processes draw the same dropout), built on the
+    training split."""
+    rank = (config["local_rank"] or 0) + (config["offset"] or 0)
+    init_seed(config["seed"] + rank, config["reproducibility"])
     return build_model(config, train_data._dataset)
 
 
