@@ -166,18 +166,19 @@ def broadcast_from_writer(value):
     return holder[0]
 
 
-def run_data_parallel(request: dict, settings: dict):
+def run_data_parallel(config_args: tuple, saved: bool, settings: dict):
     """Run ``quick_start.run_config`` in ``settings['nproc']`` processes of a
     data-parallel group and return global rank 0's summary (``None`` on a machine whose
-    processes do not include rank 0).  ``request``: the arguments of
-    ``quick_start.run`` that rebuild the config in each process.  A failure in any
-    process ends them all and is raised here as that process raised it."""
+    processes do not include rank 0).  ``config_args``: ``FreqConfig``'s arguments
+    (model, dataset, config files, config_dict, command-line overrides, paper,
+    shared_with), from which each process rebuilds the config with its rank.  A failure
+    in any process ends them all and is raised here as that process raised it."""
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException
 
     queue = mp.get_context("spawn").SimpleQueue()
     context = mp.spawn(
-        _worker, args=(request, settings, queue), nprocs=settings["nproc"], join=False
+        _worker, args=(config_args, saved, settings, queue), nprocs=settings["nproc"], join=False
     )
     messages = []
     # torch logs a warning for each process it stops after another failed; the failure
@@ -232,23 +233,16 @@ def _failure(messages, failure) -> BaseException:
         return DataParallelError(f"process {rank} of the data-parallel run failed: {payload!r}")
 
 
-def _worker(local_rank: int, request: dict, settings: dict, queue) -> None:
+def _worker(local_rank: int, config_args: tuple, saved: bool, settings: dict, queue) -> None:
     from recbole_freq.config import FreqConfig
     from recbole_freq.quick_start import run_config
 
     rank = settings["offset"] + local_rank
-    config_dict = {**(request["config_dict"] or {}), **settings, "local_rank": local_rank}
+    model, dataset, config_files, config_dict, *rest = config_args
+    config_dict = {**(config_dict or {}), **settings, "local_rank": local_rank}
     try:
-        config = FreqConfig(
-            request["model"],
-            request["dataset"],
-            request["config_files"],
-            config_dict,
-            request["cmd_overrides"],
-            request["paper"],
-            request["shared_with"],
-        )
-        summary = run_config(config, saved=request["saved"])
+        config = FreqConfig(model, dataset, config_files, config_dict, *rest)
+        summary = run_config(config, saved=saved)
         if rank == 0:
             queue.put(("summary", rank, summary))
     except Exception as error:

@@ -153,17 +153,16 @@ def run(
     check_prepared(config)
     check_atomic_columns(config)
     check_output_locations(config, saved)
-    request = dict(
-        model=model,
-        dataset=dataset,
-        config_files=config_files,
-        config_dict=config_dict,
-        cmd_overrides=cmd_overrides,
-        paper=paper,
-        shared_with=tuple(shared_with),
-        saved=saved,
+    config_args = (
+        model,
+        dataset,
+        config_files,
+        config_dict,
+        cmd_overrides,
+        paper,
+        tuple(shared_with),
     )
-    return run_data_parallel(request, parallel)
+    return run_data_parallel(config_args, saved, parallel)
 
 
 def resume_run(path) -> dict:

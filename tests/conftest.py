@@ -189,3 +189,32 @@ def assert_all_ones_masks_give_the_backbone(denoiser, backbone, batch):
         torch.testing.assert_close(
             denoiser.full_sort_predict(batch), backbone.full_sort_predict(batch)
         )
+
+
+def main_with_ctrl_c_once(argv, when) -> int:
+    """``recbole_freq.cli.main(argv)`` with Ctrl-C (SIGINT to this process) as soon as ``when()`` holds."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from recbole_freq.cli import main
+
+    search_returned = threading.Event()
+
+    def ctrl_c_when():
+        # Generous: a loaded 2-core machine needs minutes for a first trial or epoch.
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not search_returned.is_set():
+            if when():
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=ctrl_c_when, daemon=True)
+    watcher.start()
+    try:
+        return main(argv)
+    finally:
+        search_returned.set()  # never a stray SIGINT into the rest of the test session
+        watcher.join()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import first_batch, prepare
+from conftest import first_batch, main_with_ctrl_c_once, prepare
 from recbole_freq.cli import main
 from recbole_freq.evaluate import evaluate_checkpoint
 
@@ -259,29 +259,9 @@ def test_in_batch_contrastive_terms_use_per_rank_negatives(small_config, model):
 def test_ctrl_c_stops_every_process_in_one_line(small_config, tmp_path, capsys):
     """Ctrl-C (SIGINT to the launching process) ends the processes and prints one line
     saying that a data-parallel run starts again; the best checkpoint so far is kept."""
-    import os
-    import signal
-    import threading
-    import time
-
     config = dict(small_config, epochs=500, stopping_step=500)
-    done = threading.Event()
-
-    def ctrl_c_after_the_first_checkpoint():
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not done.is_set():
-            if any((tmp_path / "saved").glob("*.pth")):
-                os.kill(os.getpid(), signal.SIGINT)
-                return
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=ctrl_c_after_the_first_checkpoint, daemon=True)
-    watcher.start()
-    try:
-        code = main(["--model=SASRec", "--dataset=tiny", *cli_args(config), "--nproc=2"])
-    finally:
-        done.set()
-        watcher.join()
+    args = ["--model=SASRec", "--dataset=tiny", *cli_args(config), "--nproc=2"]
+    code = main_with_ctrl_c_once(args, lambda: any((tmp_path / "saved").glob("*.pth")))
     err = capsys.readouterr().err.strip()
     assert code == 130, err
     assert err.count("\n") == 0 and "keeps no resume state" in err

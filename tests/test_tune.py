@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import SMALL_MODEL
+from conftest import SMALL_MODEL, main_with_ctrl_c_once
 from recbole_freq.cli import main
 from recbole_freq.config import FreqConfig, properties_dir
 from recbole_freq.quick_start import run
@@ -430,32 +430,6 @@ def test_tuning_a_dataset_key_loads_the_data_in_each_trial(ray_session, small_co
     (row,) = summary["trials"]
     assert row["status"] == "completed" and row["MAX_ITEM_LIST_LENGTH"] == 8
     assert yaml.safe_load(open(summary["best_yaml"]))["MAX_ITEM_LIST_LENGTH"] == 8
-
-
-def main_with_ctrl_c_once(argv, when) -> int:
-    """``main(argv)`` with Ctrl-C (SIGINT to this process) as soon as ``when()`` holds."""
-    import signal
-    import threading
-    import time
-
-    search_returned = threading.Event()
-
-    def ctrl_c_when():
-        # Generous: a loaded 2-core machine needs minutes for the first trial.
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and not search_returned.is_set():
-            if when():
-                os.kill(os.getpid(), signal.SIGINT)
-                return
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=ctrl_c_when, daemon=True)
-    watcher.start()
-    try:
-        return main(argv)
-    finally:
-        search_returned.set()  # never a stray SIGINT into the rest of the test session
-        watcher.join()
 
 
 def test_ctrl_c_in_a_search_keeps_finished_trials_and_names_the_resume_command(
