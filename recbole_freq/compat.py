@@ -625,6 +625,8 @@ def _init_device_without_cuda(original):
             return original(self)
         import torch
 
+        from recbole_freq.distributed import init_method
+
         gpu_id = values["gpu_id"]
         gpu_id = ",".join(map(str, gpu_id)) if isinstance(gpu_id, tuple) else str(gpu_id)
         values["gpu_id"] = gpu_id
@@ -640,7 +642,7 @@ def _init_device_without_cuda(original):
             backend="nccl" if cuda else "gloo",
             rank=local_rank + int(values["offset"]),
             world_size=int(values["world_size"]),
-            init_method=f"tcp://{values['ip']}:{values['port']}",
+            init_method=init_method(values),
         )
         values["single_spec"] = False
         if cuda:

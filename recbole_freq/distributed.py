@@ -47,8 +47,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import pickle
-import socket
+import shutil
+import tempfile
 
 import torch
 
@@ -126,15 +128,23 @@ def data_parallel_settings(config) -> dict | None:
         "nproc": nproc,
         "world_size": world_size,
         "ip": ip or "127.0.0.1",
-        "port": int(port) if port is not None else _free_port(),
+        # No port on one machine: the processes meet through a file (``run_data_parallel``).
+        "port": None if port is None else int(port),
         "offset": offset,
     }
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+# The file through which this launched process meets the others (``None``: RecBole's
+# ``tcp://ip:port``).  A port picked free by the launcher could be taken by another
+# program before process 0 binds it, seconds later; a fresh file cannot.
+_rendezvous_file: str | None = None
+
+
+def init_method(config_values) -> str:
+    """Where the processes of this run meet, for ``init_process_group``."""
+    if _rendezvous_file is not None:
+        return f"file://{_rendezvous_file}"
+    return f"tcp://{config_values['ip']}:{config_values['port']}"
 
 
 @contextlib.contextmanager
@@ -173,12 +183,27 @@ def run_data_parallel(config_args: tuple, saved: bool, settings: dict):
     (model, dataset, config files, config_dict, command-line overrides, paper,
     shared_with), from which each process rebuilds the config with its rank.  A failure
     in any process ends them all and is raised here as that process raised it."""
+    rendezvous = None
+    if settings["port"] is None:
+        folder = tempfile.mkdtemp(prefix="recbole-freq-rendezvous-")
+        rendezvous = os.path.join(folder, "store")
+    try:
+        return _spawn_and_wait(config_args, saved, settings, rendezvous)
+    finally:
+        if rendezvous is not None:
+            shutil.rmtree(os.path.dirname(rendezvous), ignore_errors=True)
+
+
+def _spawn_and_wait(config_args: tuple, saved: bool, settings: dict, rendezvous: str | None):
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException
 
     queue = mp.get_context("spawn").SimpleQueue()
     context = mp.spawn(
-        _worker, args=(config_args, saved, settings, queue), nprocs=settings["nproc"], join=False
+        _worker,
+        args=(config_args, saved, settings, rendezvous, queue),
+        nprocs=settings["nproc"],
+        join=False,
     )
     messages = []
     # torch logs a warning for each process it stops after another failed; the failure
@@ -233,16 +258,22 @@ def _failure(messages, failure) -> BaseException:
         return DataParallelError(f"process {rank} of the data-parallel run failed: {payload!r}")
 
 
-def _worker(local_rank: int, config_args: tuple, saved: bool, settings: dict, queue) -> None:
+def _worker(
+    local_rank: int, config_args: tuple, saved: bool, settings: dict, rendezvous, queue
+) -> None:
+    global _rendezvous_file
     from recbole_freq.config import FreqConfig
     from recbole_freq.quick_start import run_config
 
+    _rendezvous_file = rendezvous
     rank = settings["offset"] + local_rank
     model, dataset, config_files, config_dict, *rest = config_args
     config_dict = {**(config_dict or {}), **settings, "local_rank": local_rank}
     try:
         config = FreqConfig(model, dataset, config_files, config_dict, *rest)
         summary = run_config(config, saved=saved)
+        # No process tears its group down while another still uses it.
+        torch.distributed.barrier()
         if rank == 0:
             queue.put(("summary", rank, summary))
     except Exception as error:

@@ -6,6 +6,7 @@ contrastive objective means across ranks."""
 import json
 import random
 import socket
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,12 @@ def free_port() -> int:
 def one_process_group() -> dict:
     """The keys RecBole's launcher gives a process, for a group of this process alone."""
     return dict(local_rank=0, world_size=1, nproc=1, ip="127.0.0.1", port=free_port(), offset=0)
+
+
+def last_error_line(capsys) -> str:
+    """The ``error:`` line a failed run printed, for the assertion message."""
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    return errors[-1] if errors else "no error line"
 
 
 def only_run(tmp_path: Path):
@@ -96,9 +103,14 @@ def test_two_processes_train_and_evaluate_as_one(small_config, tmp_path, capsys)
     evaluating that checkpoint in this one process; the run is deterministic."""
     config = dict(small_config, state="INFO")
     args = ["--model=BSARec", "--dataset=tiny", *cli_args(config), "--nproc=2"]
-    assert main(args) == 0
+    rendezvous_folders = set(Path(tempfile.gettempdir()).glob("recbole-freq-rendezvous-*"))
+    assert main(args) == 0, last_error_line(capsys)
     checkpoint, summary, log = only_run(tmp_path)
     assert summary["processes"] == 2 and summary["config"]["world_size"] == 2
+    # Without a port the processes met through a file, removed after the run: no port
+    # picked free by the launcher that another program could take in between.
+    assert summary["config"]["port"] is None
+    assert set(Path(tempfile.gettempdir()).glob("recbole-freq-rendezvous-*")) == rendezvous_folders
     assert len(list((tmp_path / "log_tensorboard").iterdir())) == 1
     assert log.count("test result") == 1 and "best valid" in log
     (one_process,) = evaluate_checkpoint(checkpoint, [summary["protocol"]["protocol"]])
@@ -107,13 +119,15 @@ def test_two_processes_train_and_evaluate_as_one(small_config, tmp_path, capsys)
 
     for path in (tmp_path / "saved").iterdir():
         path.unlink()
-    assert main(args) == 0
+    assert main(args) == 0, last_error_line(capsys)
     again = json.loads(next((tmp_path / "saved").glob("*.json")).read_text())
     assert again["weights_sha256"] == summary["weights_sha256"]
     assert again["test_result"] == summary["test_result"]
 
 
-def test_rec_denoiser_trains_data_parallel_under_its_papers_protocol(small_config, tmp_path):
+def test_rec_denoiser_trains_data_parallel_under_its_papers_protocol(
+    small_config, tmp_path, capsys
+):
     """RecDenoiser under --protocol=sasrec (eq. 4's BCE through the ARM objective) in two
     processes: the sparsity scale is one process's (the global batch), and the re-seeded
     extra test modes (100 unseen negatives, full ranking) equal evaluating the checkpoint
@@ -128,7 +142,7 @@ def test_rec_denoiser_trains_data_parallel_under_its_papers_protocol(small_confi
         "--nproc=2",
         "--extra_test_modes=['uni100','full']",
     ]
-    assert main(args) == 0
+    assert main(args) == 0, last_error_line(capsys)
     checkpoint, summary, _ = only_run(tmp_path)
     extra = summary["extra_test_results"]
     sampled, full = evaluate_checkpoint(checkpoint, ["sasrec", "mode=full"])
@@ -146,7 +160,7 @@ OTHER_MODELS = [
 ]  # fmt: skip
 
 
-def test_compare_trains_every_other_model_data_parallel(small_config, tmp_path):
+def test_compare_trains_every_other_model_data_parallel(small_config, tmp_path, capsys):
     """--compare with --nproc 2: each plugin model and RecBole baseline trains an epoch in
     two processes, and each stored run says so."""
     out = tmp_path / "cmp"
@@ -154,7 +168,9 @@ def test_compare_trains_every_other_model_data_parallel(small_config, tmp_path):
     config = {k: v for k, v in small_config.items() if k != "seed"}
     config.update(epochs=1, MAX_ITEM_LIST_LENGTH=40)
     argv = ["--compare", ",".join(OTHER_MODELS), "--dataset=tiny", "--seeds", "3"]
-    assert main([*argv, "--out", str(out), *cli_args(config), "--nproc=2"]) == 0
+    assert main([*argv, "--out", str(out), *cli_args(config), "--nproc=2"]) == 0, last_error_line(
+        capsys
+    )
     runs = [json.loads(path.read_text()) for path in (out / "runs").glob("*.json")]
     assert len(runs) == len(OTHER_MODELS)
     for stored in runs:
@@ -268,7 +284,7 @@ def test_ctrl_c_stops_every_process_in_one_line(small_config, tmp_path, capsys):
     assert len(list((tmp_path / "saved").glob("*.pth"))) == 1
 
 
-def test_two_launches_form_one_run_as_two_machines_would(small_config, tmp_path):
+def test_two_launches_form_one_run_as_two_machines_would(small_config, tmp_path, capsys):
     """The several-machines form on one machine: a second launch (--offset=1, its own
     folder) joins through --ip/--port; it writes nothing and says so, and the first writes
     the run, whose metrics equal one process's on its checkpoint."""
@@ -290,7 +306,7 @@ def test_two_launches_form_one_run_as_two_machines_would(small_config, tmp_path)
         text=True,
     )
     try:
-        assert main([*args, "--offset=0"]) == 0
+        assert main([*args, "--offset=0"]) == 0, last_error_line(capsys)
         out, err = second.communicate(timeout=300)
     finally:
         second.kill()
