@@ -313,7 +313,7 @@ def test_sparsity_penalty_scale_rejects_unknown_normalization_and_empty_splits()
     with pytest.raises(ValueError, match="rows per batch"):
         sparsity_penalty_scale("batch", 100, 0)
     assert sparsity_penalty_scale("batch_targets", 100, 8, 2.5) == pytest.approx(1 / 20)
-    with pytest.raises(ValueError, match="at least one target per training row"):
+    with pytest.raises(ValueError, match="positive number of targets per training row"):
         sparsity_penalty_scale("batch_targets", 100, 8, 0.0)
 
 
@@ -585,6 +585,35 @@ def test_auto_sparsity_scale_is_algorithm_1_under_eq_4(small_config, extra, expe
     assert all(op.sparsity_scale == pytest.approx(scale) for op in operators(model))
 
 
+@pytest.mark.parametrize("protocol", ["recbole", "sasrec"])
+def test_bert4rec_denoiser_auto_scale_is_algorithm_1_on_its_cloze_targets(small_config, protocol):
+    """BERT4Rec's cloze loss is a mean over the batch's scored masked positions, under
+    every protocol (the paper's files train it so under --protocol=sasrec): beta once per
+    mini-batch against those targets, whose expected number per row matches what
+    RecBole's transform scores on the real training rows."""
+    import random
+
+    from recbole.data.transform import MaskItemSequence
+
+    overrides = dict(small_config, protocol=protocol, mask_ratio=0.3, ft_ratio=0.25)
+    config, train, _, _ = prepare("BERT4RecDenoiser", overrides)
+    model = BERT4RecDenoiser(config, train._dataset)
+    assert model.sparsity_normalization == "batch_targets"
+    dataset = train._dataset
+    expected = model.paper_loss_targets_per_row(config, dataset)
+    scale = 1 / (config["train_batch_size"] * expected)
+    assert all(op.sparsity_scale == pytest.approx(scale) for op in operators(model))
+
+    transform, rows = MaskItemSequence(config), dataset.inter_feat
+    random.seed(0)
+    scored = [
+        (transform(dataset, rows)[transform.MASK_INDEX] > 0).sum().item() / len(rows)
+        for _ in range(300)
+    ]
+    assert 1 < expected < config["MAX_ITEM_LIST_LENGTH"]
+    assert sum(scored) / len(scored) == pytest.approx(expected, rel=0.02)
+
+
 def test_masks_learn_from_eq_4_under_the_sasrec_protocol(small_config):
     """Without any regulariser only the ARM estimate of eq. 4's gradient can reach Phi;
     it does, and a whole run trains, reports its masks and Algorithm 1's scale."""
@@ -692,6 +721,7 @@ def test_bert4rec_denoiser_paper_settings_keep_bert4rec_training(dataset, length
         256,
     )
     assert (config["sparsity_beta"], config["jacobian_gamma"]) == (0.01, 0.001)
+    assert config["mask_learning_rate"] == 0.01
 
 
 def test_bert4rec_denoiser_trains_under_the_paper_evaluation(small_config):
@@ -703,7 +733,7 @@ def test_bert4rec_denoiser_trains_under_the_paper_evaluation(small_config):
     summary = run("BERT4RecDenoiser", "tiny", cmd_overrides=overrides)
     assert summary["protocol"]["label"].startswith("sasrec")
     assert set(summary["test_result"]) >= {"hit@10", "ndcg@10"}
-    assert summary["model_report"]["sparsity_normalization"] == "train_examples"
+    assert summary["model_report"]["sparsity_normalization"] == "batch_targets"
     assert len(summary["model_report"]["learned_masks"]) == small_config["n_layers"]
 
 

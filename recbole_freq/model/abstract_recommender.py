@@ -160,23 +160,35 @@ class TransformerRecommender(SequentialRecommender):
         """Put every ``denoise`` operator's eq. 8 penalty on the scale of the batch-mean
         loss (``sparsity_normalization``, see ``denoising.sparsity_penalty_scale``); N is the
         number of training rows of ``dataset``, the training split the model is built
-        with.  ``auto`` (the default) is Algorithm 1 on eq. 4's sum, ``batch_targets`` (beta
-        once per mini-batch against the BCE summed over its targets), when the protocol
-        trains with Rec-Denoiser's loss (``train_loss: bce``, e.g. ``--protocol=sasrec``),
-        and ``train_examples`` on the model's own loss (CE over all items)."""
+        with.  ``auto`` (the default) is Algorithm 1, ``batch_targets`` (beta once per
+        mini-batch against the loss summed over its targets), when the model trains with
+        its backbone paper's per-target loss (``paper_loss_targets_per_row``: eq. 4's BCE
+        under ``train_loss: bce``, e.g. ``--protocol=sasrec``; BERT4Rec's cloze loss), and
+        ``train_examples`` otherwise (e.g. CE over all items at the last position)."""
         operators = [m for m in self.encoder.modules() if isinstance(m, DenoisingMaskAttention)]
         if not operators:
             return
+        paper_targets = self.paper_loss_targets_per_row(config, dataset)
         normalization = config_value(config, "sparsity_normalization", "auto")
         if normalization == "auto":
-            normalization = "batch_targets" if trains_with_eq_4(config) else "train_examples"
+            normalization = "train_examples" if paper_targets is None else "batch_targets"
         self.sparsity_normalization = normalization
         scale = sparsity_penalty_scale(
-            normalization, len(dataset), config["train_batch_size"], targets_per_row(dataset)
+            normalization,
+            len(dataset),
+            config["train_batch_size"],
+            targets_per_row(dataset) if paper_targets is None else paper_targets,
         )
         self.sparsity_scale = scale
         for operator in operators:
             operator.sparsity_scale = scale
+
+    def paper_loss_targets_per_row(self, config, dataset) -> float | None:
+        """The mean number of targets a training row adds to the loss when the model
+        trains with its backbone paper's per-target loss, on which Algorithm 1 adds
+        ``beta R_M`` once per mini-batch; ``None`` for another loss.  Here: eq. 4's BCE
+        (``train_loss: bce``, SASRec's per-position rows)."""
+        return targets_per_row(dataset) if trains_with_eq_4(config) else None
 
     def read_mask_learning_rate(self, config) -> None:
         """``mask_learning_rate`` (None: ``learning_rate``), checked; see

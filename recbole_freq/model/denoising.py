@@ -33,7 +33,8 @@ def sparsity_penalty_scale(
     - ``batch_targets``: ``1 / (batch_size * targets_per_row)``, Algorithm 1 read
       literally: per mini-batch, eq. 4's sum over the batch's targets plus ``beta R_M``
       (``targets_per_row``: the mean number of targets of a training row, e.g. 15.3 on
-      average per user under --protocol=sasrec on lastfm, 1 for one-target rows);
+      average per user under --protocol=sasrec on lastfm, 1 for one-target rows, the
+      expected scored masked positions for BERT4Rec's cloze rows);
     - ``batch``: ``1 / batch_size``, the same per training row rather than per target;
     - ``none``: 1, beta added as is to the batch-mean loss.  With masks that can move
       (``mask_learning_rate``), beta 0.001 already pruned every link on lastfm (measured).
@@ -56,10 +57,10 @@ def sparsity_penalty_scale(
             f"got {count!r}"
         )
     if normalization == "batch_targets":
-        if not targets_per_row >= 1.0:
+        if not targets_per_row > 0.0:
             raise ValueError(
-                f"sparsity_normalization='batch_targets' needs at least one target per "
-                f"training row, got {targets_per_row!r}"
+                f"sparsity_normalization='batch_targets' needs a positive number of "
+                f"targets per training row, got {targets_per_row!r}"
             )
         return 1.0 / (count * targets_per_row)
     return 1.0 / count

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -9,6 +11,29 @@ from torch import nn
 from recbole_freq.model.abstract_recommender import config_value
 from recbole_freq.model.objectives import DenoisingPass
 from recbole_freq.model.sequential_recommender.recdenoiser import DenoisingRecommender
+
+
+def expected_cloze_targets(
+    lengths: list[int], mask_ratio: float, max_length: int, ft_ratio: float
+) -> float:
+    """The mean number of positions RecBole's ``MaskItemSequence`` gives a training row
+    of each length in ``lengths`` that the cloze loss scores.  In a share ``1 - ft_ratio``
+    of batches each of the row's ``L`` items is masked with probability ``mask_ratio``
+    and the last ``m = int(mask_ratio * max_length)`` masked are kept: ``E[min(K, m)]``,
+    ``K ~ Binomial(L, mask_ratio)``, less the first position, kept when ``K <= m`` and
+    never scored (index 0 is padding); in the other batches the last item alone, scored
+    when ``L >= 2``."""
+    kept_max = int(mask_ratio * max_length)
+
+    def binomial(n: int, k: int) -> float:
+        return math.comb(n, k) * mask_ratio**k * (1 - mask_ratio) ** (n - k)
+
+    expected = {}
+    for length in set(lengths):
+        kept = sum(min(k, kept_max) * binomial(length, k) for k in range(length + 1))
+        first = mask_ratio * sum(binomial(length - 1, k) for k in range(min(kept_max, length)))
+        expected[length] = (1 - ft_ratio) * (kept - first) + ft_ratio * (length >= 2)
+    return sum(expected[length] for length in lengths) / max(len(lengths), 1)
 
 
 class BERT4RecDenoiser(DenoisingRecommender):
@@ -60,6 +85,19 @@ class BERT4RecDenoiser(DenoisingRecommender):
         self.POS_ITEMS = "Pos_" + self.ITEM_ID
         self.NEG_ITEMS = "Neg_" + self.ITEM_ID
         self.MASK_INDEX = "MASK_INDEX"
+
+    def paper_loss_targets_per_row(self, config, dataset) -> float:
+        """BERT4Rec's cloze loss is a mean over a batch's scored masked positions, so
+        Algorithm 1's ``beta R_M`` once per mini-batch weighs against the masked targets:
+        their expected number per training row (``expected_cloze_targets``) under
+        RecBole's ``mask_itemseq`` transform."""
+        lengths = dataset.inter_feat[self.ITEM_SEQ_LEN].clamp(max=self.max_seq_length)
+        return expected_cloze_targets(
+            lengths.tolist(),
+            float(config["mask_ratio"]),
+            self.max_seq_length,
+            float(config_value(config, "ft_ratio", 0.0)),
+        )
 
     def build_head(self, config) -> None:
         self.output_ffn = nn.Linear(self.hidden_size, self.hidden_size)
