@@ -137,10 +137,14 @@ class BERT4RecDenoiser(DenoisingRecommender):
         # As RecBole's BERT4Rec: index 0 is padding (a mask on position 0 is not scored).
         targets = (masked_index > 0).to(hidden.dtype)
         if self.loss_type == "CE":
-            logits = hidden @ self.item_scores_weight.t() + self.output_bias
-            losses = F.cross_entropy(
-                logits.flatten(0, 1), pos_items.flatten(), reduction="none"
-            ).view_as(targets)
+            # Scores over all items only where a masked item is scored: most of the
+            # mask_len slots are padding (6 of 15 used on lastfm), and these logits and
+            # their softmax are most of a training step.
+            scored = masked_index > 0
+            logits = hidden[scored] @ self.item_scores_weight.t() + self.output_bias
+            losses = torch.zeros_like(targets).masked_scatter(
+                scored, F.cross_entropy(logits, pos_items[scored], reduction="none")
+            )
         else:
             neg_items = interaction[self.NEG_ITEMS]
             pos_score = (hidden * self.item_embedding(pos_items)).sum(-1)
