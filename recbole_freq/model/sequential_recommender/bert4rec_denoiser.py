@@ -142,9 +142,8 @@ class BERT4RecDenoiser(DenoisingRecommender):
             # their softmax are most of a training step.
             scored = masked_index > 0
             logits = hidden[scored] @ self.item_scores_weight.t() + self.output_bias
-            losses = torch.zeros_like(targets).masked_scatter(
-                scored, F.cross_entropy(logits, pos_items[scored], reduction="none")
-            )
+            picked = F.cross_entropy(logits, pos_items[scored], reduction="none")
+            losses = picked.new_zeros(targets.shape).masked_scatter(scored, picked)
         else:
             neg_items = interaction[self.NEG_ITEMS]
             pos_score = (hidden * self.item_embedding(pos_items)).sum(-1)
