@@ -144,6 +144,61 @@ def mean_value(runs: list[dict], source: str, metric: str) -> float:
     return sum(metric_value(r, source, metric) for r in runs) / len(runs)
 
 
+def per_seed(runs: list[dict], source: tuple[str, str], metric: str) -> list[str]:
+    """Each seed's SASRec and RecDenoiser ``metric`` per noise ratio (same seed, same
+    corruption), and a paired test of RecDenoiser against SASRec over those pairs: with
+    few seeds per ratio the means above hide how often each model is ahead."""
+    from scipy import stats
+
+    key, label = source
+    value = {(r["model"], r["noise_ratio"], r["seed"]): metric_value(r, key, metric) for r in runs}
+    seeds = sorted({r["seed"] for r in runs})
+    pairs = sorted(
+        (ratio, seed)
+        for model, ratio, seed in value
+        if model == "SASRec" and ("RecDenoiser", ratio, seed) in value
+    )
+    if len(seeds) < 2 or not pairs:
+        return []
+    lines = [
+        "",
+        f"Per seed, {label} {metric}: SASRec / RecDenoiser (change; RecDenoiser's pruned "
+        "fraction per layer):",
+        "",
+        "| noise | " + " | ".join(f"seed {seed}" for seed in seeds) + " | RecDenoiser ahead |",
+        "|---|" + "---|" * (len(seeds) + 1),
+    ]
+    masks = {
+        (r["noise_ratio"], r["seed"]): pruned([r]) for r in runs if r["model"] == "RecDenoiser"
+    }
+    for ratio in sorted({ratio for ratio, _ in pairs}):
+        cells, ahead, count = [], 0, 0
+        for seed in seeds:
+            if (ratio, seed) not in pairs:
+                cells.append("-")
+                continue
+            base, ours = value[("SASRec", ratio, seed)], value[("RecDenoiser", ratio, seed)]
+            count += 1
+            ahead += ours > base
+            change = (ours / base - 1) * 100
+            cells.append(f"{base:.4f} / {ours:.4f} ({change:+.1f}%; {masks[(ratio, seed)]})")
+        lines.append(f"| {ratio:.0%} | " + " | ".join(cells) + f" | {ahead} of {count} |")
+    if len(pairs) >= 2:
+        base = [value[("SASRec", ratio, seed)] for ratio, seed in pairs]
+        ours = [value[("RecDenoiser", ratio, seed)] for ratio, seed in pairs]
+        t_test = stats.ttest_rel(ours, base)
+        wilcoxon = stats.wilcoxon(ours, base)
+        change = sum(o / b - 1 for o, b in zip(ours, base)) / len(pairs) * 100
+        lines += [
+            "",
+            f"Over all {len(pairs)} (noise, seed) pairs: RecDenoiser ahead in "
+            f"{sum(o > b for o, b in zip(ours, base))}, mean change {change:+.1f}%; "
+            f"paired t p = {t_test.pvalue:.3g}, paired Wilcoxon p = {wilcoxon.pvalue:.3g} "
+            "(two-sided).",
+        ]
+    return lines
+
+
 def report(folder: Path, dataset: str) -> str:
     import matplotlib
 
@@ -208,7 +263,7 @@ def report(folder: Path, dataset: str) -> str:
                 value, reference = mean_value(ours, source, m), mean_value(base, source, m)
                 cells.append(f"{(value / reference - 1) * 100:+.1f}%" if reference else "-")
         relative.append(f"| {ratio:.0%} | " + " | ".join(cells) + " |")
-    text = "\n".join(lines + relative)
+    text = "\n".join(lines + relative + per_seed(runs, sources[0], "ndcg@10"))
 
     panels = [(sources[0], "ndcg@10"), (sources[-1], "hit@10")]
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
