@@ -49,7 +49,6 @@ import contextlib
 import logging
 import os
 import pickle
-import shutil
 import tempfile
 
 import torch
@@ -183,15 +182,12 @@ def run_data_parallel(config_args: tuple, saved: bool, settings: dict):
     (model, dataset, config files, config_dict, command-line overrides, paper,
     shared_with), from which each process rebuilds the config with its rank.  A failure
     in any process ends them all and is raised here as that process raised it."""
-    rendezvous = None
-    if settings["port"] is None:
-        folder = tempfile.mkdtemp(prefix="recbole-freq-rendezvous-")
-        rendezvous = os.path.join(folder, "store")
-    try:
-        return _spawn_and_wait(config_args, saved, settings, rendezvous)
-    finally:
-        if rendezvous is not None:
-            shutil.rmtree(os.path.dirname(rendezvous), ignore_errors=True)
+    if settings["port"] is not None:
+        return _spawn_and_wait(config_args, saved, settings, None)
+    with tempfile.TemporaryDirectory(
+        prefix="recbole-freq-rendezvous-", ignore_cleanup_errors=True
+    ) as folder:
+        return _spawn_and_wait(config_args, saved, settings, os.path.join(folder, "store"))
 
 
 def _spawn_and_wait(config_args: tuple, saved: bool, settings: dict, rendezvous: str | None):
