@@ -87,6 +87,7 @@ class TrainingRecorder:
             self.epochs.append(
                 {"epoch": len(self.epochs), "train_loss": float(total), "train_seconds": seconds}
             )
+            self._add_model_report(epoch_idx)
             return loss
 
         def recorded_valid_epoch(*args, **kwargs):
@@ -98,6 +99,21 @@ class TrainingRecorder:
 
         trainer._train_epoch = timed_train_epoch
         trainer._valid_epoch = recorded_valid_epoch
+
+    def _add_model_report(self, epoch_idx) -> None:
+        # Optional model hook, as run_summary is for the whole run (e.g. how many links
+        # the denoising masks prune after this epoch).
+        epoch_report = getattr(self.trainer.model, "epoch_report", None)
+        report = epoch_report() if callable(epoch_report) else None
+        if not report:
+            return
+        self.epochs[-1]["model_report"] = report
+        described = ", ".join(
+            f"{key} {' / '.join(f'{value:.3f}' for value in values)}"
+            for key, values in report.items()
+        )
+        model_name = type(self.trainer.model).__name__
+        logging.getLogger().info(f"epoch {epoch_idx} {model_name}: {described}")
 
     @property
     def best_epoch(self):

@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -445,6 +446,36 @@ def test_recdenoiser_arm_bce_end_to_end_saves_masks_and_reloads(small_config):
     reloaded = trainer.evaluate(test, load_best_model=True, model_file=summary["checkpoint"])
     assert dict(reloaded) == summary["test_result"]
     assert trainer.model.learned_masks()[1]["pruned_fraction"] == report[1]["pruned_fraction"]
+
+
+def test_run_history_follows_the_masks_epoch_by_epoch(small_config, caplog):
+    """Each epoch's record keeps the masks' pruned fraction and mean keep probability
+    per layer (and the log says them), so pruning can be followed through training; the
+    best epoch's record is the masks the summary reports."""
+    overrides = dict(
+        small_config,
+        epochs=3,
+        sparsity_beta=1.0,
+        sparsity_normalization="none",
+        mask_learning_rate=0.1,
+        state="INFO",
+    )
+    with caplog.at_level(logging.INFO):
+        summary = run("RecDenoiser", "tiny", cmd_overrides=overrides)
+    assert "epoch 2 RecDenoiser: pruned_fraction " in caplog.text
+    reports = [epoch["model_report"] for epoch in summary["history"]]
+    assert [len(report["pruned_fraction"]) for report in reports] == [2, 2, 2]
+    keep = [report["keep_probability_mean"][0] for report in reports]
+    assert keep[0] > keep[1] > keep[2]  # a beta this strong closes the masks epoch by epoch
+    best = reports[summary["best_epoch"]]
+    final = summary["model_report"]["learned_masks"]
+    assert best["pruned_fraction"] == [round(entry["pruned_fraction"], 4) for entry in final]
+    assert best["keep_probability_mean"] == [
+        round(entry["keep_probability_mean"], 4) for entry in final
+    ]
+
+    plain = run("SASRec", "tiny", cmd_overrides=dict(small_config, epochs=1), saved=False)
+    assert "model_report" not in plain["history"][0]
 
 
 @pytest.mark.parametrize(

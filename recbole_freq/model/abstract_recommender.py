@@ -487,6 +487,19 @@ class TransformerRecommender(SequentialRecommender):
         prunes (``denoising.learned_masks``)."""
         return learned_masks(self.encoder, self.bidirectional)
 
+    def epoch_report(self) -> dict:
+        """Kept with each epoch of the run history (``quick_start.TrainingRecorder``) and
+        logged, so pruning can be followed through training, not only at the best epoch:
+        per layer with learned masks, the share of links the inference mask prunes and the
+        mean keep probability; empty for a model without masks."""
+        masks = self.learned_masks()
+        if not masks:
+            return {}
+        return {
+            "pruned_fraction": [round(entry["pruned_fraction"], 4) for entry in masks],
+            "keep_probability_mean": [round(entry["keep_probability_mean"], 4) for entry in masks],
+        }
+
     def run_summary(self) -> dict:
         """Added to the run summary by ``quick_start.run``: the learned masks of the
         (best) model, JSON-ready, and their pruned fractions (also logged)."""
@@ -510,6 +523,7 @@ class TransformerRecommender(SequentialRecommender):
                     "pruned_fraction": entry["pruned_fraction"],
                     "pruned_fraction_per_head": entry["pruned_fraction_per_head"],
                     "prediction_row_pruned_fraction": entry["prediction_row_pruned_fraction"],
+                    "keep_probability_mean": entry["keep_probability_mean"],
                     "mask": entry["mask"].numpy().round(4).tolist(),
                 }
                 for entry in masks

@@ -279,7 +279,8 @@ def learned_masks(encoder: nn.Module, bidirectional: bool) -> list[dict]:
     causal mask forbids are 0.  ``pruned_fraction``: share of the allowed links that
     the inference mask removes (``pruned_fraction_per_head``: per head's mask, one
     entry unless ``mask_per_head``); ``prediction_row_pruned_fraction`` the same for row
-    ``n - 1`` (which past items the prediction may use).
+    ``n - 1`` (which past items the prediction may use); ``keep_probability_mean``: the
+    mean ``sigmoid(Phi)`` of the allowed links (how far the masks are from the threshold).
     """
     masks = []
     for layer, block in enumerate(encoder.blocks):
@@ -305,6 +306,7 @@ def learned_masks(encoder: nn.Module, bidirectional: bool) -> list[dict]:
                 "pruned_fraction_per_head": [float(value) for value in per_head],
                 "prediction_row_pruned_fraction": 1.0
                 - kept[:, -1].sum().item() / allowed[:, -1].sum().item(),
+                "keep_probability_mean": (keep * allowed).sum().item() / allowed.sum().item(),
             }
         )
     return masks
