@@ -1,9 +1,13 @@
 """Learning curves from the run summaries that ``run_recbole_freq.py`` writes.
 
     python benchmarks/learning_curves.py saved/BSARec-*.json --out benchmarks/results/curves.png
+    python benchmarks/learning_curves.py <compare --out>/runs/*.json --metric ndcg@10
 
-Plots per epoch the training loss and the validation HR@20 / NDCG@20 of each run, and
-prints a Markdown table of each run's best-epoch validation and test metrics.
+Takes run summaries or the stored runs of ``--compare`` (``runs/*.json``).  Plots per
+epoch the training loss and two validation metrics of each run (HR@20 / NDCG@20, or
+``--metric``), and, for runs with learned masks (Rec-Denoiser), the masks after each
+epoch: the pruned fraction and the mean keep probability, averaged over layers.  Prints
+a Markdown table of each run's epochs and test metrics.
 """
 
 from __future__ import annotations
@@ -23,26 +27,48 @@ METRICS = ["hit@5", "ndcg@5", "hit@10", "ndcg@10", "hit@20", "ndcg@20"]
 
 
 def load(paths):
-    return [json.loads(Path(p).read_text()) for p in paths]
+    """Run summaries; a stored run of ``--compare`` holds its summary under ``summary``."""
+    loaded = [json.loads(Path(p).read_text()) for p in paths]
+    return [entry.get("summary", entry) for entry in loaded]
 
 
-def plot(summaries, out: Path):
-    figure, axes = plt.subplots(1, 3, figsize=(15, 4))
+def _layer_mean(epoch, key):
+    values = epoch["model_report"][key]
+    return sum(values) / len(values)
+
+
+def plot(summaries, out: Path, metrics=("hit@20", "ndcg@20")):
+    with_masks = [s for s in summaries if any("model_report" in e for e in s["history"])]
+    panels = 1 + len(metrics) + bool(with_masks)
+    figure, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
     for summary in summaries:
-        label = f"{summary['model']} / {summary['dataset']}"
+        label = f"{summary['model']} / {summary['dataset']} / seed {summary['seed']}"
         epochs = [e["epoch"] for e in summary["history"]]
-        axes[0].plot(epochs, [e["train_loss"] for e in summary["history"]], label=label)
+        (line,) = axes[0].plot(epochs, [e["train_loss"] for e in summary["history"]], label=label)
         scored = [e for e in summary["history"] if "valid" in e]
-        for axis, metric in zip(axes[1:], ("hit@20", "ndcg@20")):
+        for axis, metric in zip(axes[1:], metrics):
             axis.plot(
                 [e["epoch"] for e in scored], [e["valid"][metric] for e in scored], label=label
             )
-    for axis, title in zip(
-        axes, ("training loss (sum over batches)", "valid HR@20", "valid NDCG@20")
-    ):
+        masked = [e for e in summary["history"] if "model_report" in e]
+        if masked:
+            epochs = [e["epoch"] for e in masked]
+            color = line.get_color()
+            axes[-1].plot(epochs, [_layer_mean(e, "pruned_fraction") for e in masked], color=color)
+            axes[-1].plot(
+                epochs,
+                [_layer_mean(e, "keep_probability_mean") for e in masked],
+                color=color,
+                linestyle="--",
+            )
+    titles = ["training loss (sum over batches)"] + [f"valid {m}" for m in metrics]
+    if with_masks:
+        titles.append("masks: pruned fraction (solid), mean keep probability (dashed)")
+    for axis, title in zip(axes, titles):
         axis.set_title(title)
         axis.set_xlabel("epoch")
-        axis.legend()
+    for axis in axes[: 1 + len(metrics)]:
+        axis.legend(fontsize="small")
     figure.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, lambda handle: figure.savefig(handle, format="png", dpi=100))
@@ -50,15 +76,15 @@ def plot(summaries, out: Path):
 
 def table(summaries) -> str:
     rows = [
-        "| model | dataset | epochs (best) | s/epoch | "
+        "| model | dataset | seed | epochs (best) | s/epoch | "
         + " | ".join(f"test {m}" for m in METRICS)
         + " |",
-        "|---|---|---|---|" + "---|" * len(METRICS),
+        "|---|---|---|---|---|" + "---|" * len(METRICS),
     ]
     for s in summaries:
         values = " | ".join(f"{s['test_result'][m]:.4f}" for m in METRICS)
         rows.append(
-            f"| {s['model']} | {s['dataset']} | {s['epochs_run']} ({s['best_epoch']}) | "
+            f"| {s['model']} | {s['dataset']} | {s['seed']} | {s['epochs_run']} ({s['best_epoch']}) | "
             f"{s['train_seconds_per_epoch']:.0f} | {values} |"
         )
     return "\n".join(rows)
@@ -72,9 +98,21 @@ def main(argv=None):
         "summaries", nargs="+", help="summary .json files written next to checkpoints"
     )
     parser.add_argument("--out", default="learning_curves.png")
+    parser.add_argument(
+        "--metric",
+        action="append",
+        help="validation metric to plot (twice at most; default hit@20 and ndcg@20)",
+    )
     args = parser.parse_args(argv)
+    metrics = args.metric or ["hit@20", "ndcg@20"]
+    if len(metrics) > 2:
+        parser.error("--metric: at most two")
     summaries = load(args.summaries)
-    plot(summaries, Path(args.out))
+    scored = [e["valid"] for s in summaries for e in s["history"] if "valid" in e]
+    missing = [m for m in metrics if any(m not in valid for valid in scored)]
+    if missing:
+        parser.error(f"--metric: not every run has validation {', '.join(missing)}")
+    plot(summaries, Path(args.out), metrics)
     print(table(summaries))
     print(f"\nfigure: {args.out}")
 
