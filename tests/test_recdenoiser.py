@@ -735,7 +735,7 @@ def test_paper_settings_are_section_5_1_4(dataset, length, dropout, beta):
 def test_bert4rec_denoiser_paper_settings_keep_bert4rec_training(dataset, length, rho):
     """``--paper`` for BERT4RecDenoiser: the paper's evaluation (sasrec protocol) with
     BERT4Rec's own cloze training and settings, the paper's n, L, H, beta, gamma."""
-    from recbole_freq.config import FreqConfig
+    from recbole_freq.config import FreqConfig, paper_reference_settings
 
     config = FreqConfig(
         "BERT4RecDenoiser", dataset, cmd_overrides={"data_path": "unused"}, paper=True
@@ -755,6 +755,9 @@ def test_bert4rec_denoiser_paper_settings_keep_bert4rec_training(dataset, length
     )
     assert (config["sparsity_beta"], config["jacobian_gamma"]) == (0.01, 0.001)
     assert config["mask_learning_rate"] == 0.01
+    # Past BERT4Rec's early plateau; the BERT4Rec beside it in --compare stops alike.
+    assert config["stopping_step"] == 30
+    assert paper_reference_settings("BERT4RecDenoiser", dataset)["stopping_step"] == 30
 
 
 @pytest.mark.parametrize("dataset", ["ml-1m", "amazon-beauty", "lastfm"])
