@@ -63,7 +63,7 @@ def plot(summaries, out: Path, metrics=("hit@20", "ndcg@20")):
             )
     titles = ["training loss (sum over batches)"] + [f"valid {m}" for m in metrics]
     if with_masks:
-        titles.append("masks: pruned fraction (solid), mean keep probability (dashed)")
+        titles.append("masks: pruned share (solid), mean keep prob. (dashed)")
     for axis, title in zip(axes, titles):
         axis.set_title(title)
         axis.set_xlabel("epoch")
