@@ -38,8 +38,8 @@ def _layer_mean(epoch, key):
 
 
 def plot(summaries, out: Path, metrics=("hit@20", "ndcg@20")):
-    with_masks = [s for s in summaries if any("model_report" in e for e in s["history"])]
-    panels = 1 + len(metrics) + bool(with_masks)
+    with_masks = any("model_report" in e for s in summaries for e in s["history"])
+    panels = 1 + len(metrics) + with_masks
     figure, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
     for summary in summaries:
         label = f"{summary['model']} / {summary['dataset']} / seed {summary['seed']}"

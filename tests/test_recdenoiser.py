@@ -3,6 +3,8 @@
 import itertools
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +13,7 @@ import torch
 from recbole.model.sequential_recommender import BERT4Rec, SASRec
 from recbole.trainer import Trainer
 
-from conftest import assert_same_as_recbole, first_batch, prepare
+from conftest import REPO_ROOT, assert_same_as_recbole, first_batch, prepare
 from recbole_freq.model import BERT4RecDenoiser, RecDenoiser
 from recbole_freq.model.denoising import (
     DenoisingMaskAttention,
@@ -448,7 +450,7 @@ def test_recdenoiser_arm_bce_end_to_end_saves_masks_and_reloads(small_config):
     assert trainer.model.learned_masks()[1]["pruned_fraction"] == report[1]["pruned_fraction"]
 
 
-def test_run_history_follows_the_masks_epoch_by_epoch(small_config, caplog):
+def test_run_history_follows_the_masks_epoch_by_epoch(small_config, caplog, tmp_path):
     """Each epoch's record keeps the masks' pruned fraction and mean keep probability
     per layer (and the log says them), so pruning can be followed through training; the
     best epoch's record is the masks the summary reports."""
@@ -476,6 +478,35 @@ def test_run_history_follows_the_masks_epoch_by_epoch(small_config, caplog):
 
     plain = run("SASRec", "tiny", cmd_overrides=dict(small_config, epochs=1), saved=False)
     assert "model_report" not in plain["history"][0]
+
+    # benchmarks/learning_curves.py draws these histories, the masks in a panel of their own.
+    paths = []
+    for name, run_summary in (("denoiser", summary), ("plain", plain)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(run_summary))
+    figure = tmp_path / "curves.png"
+    drawn = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "benchmarks" / "learning_curves.py"),
+            *map(str, paths),
+            "--metric",
+            "ndcg@10",
+            "--out",
+            str(figure),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO_ROOT,
+    )
+    png = figure.read_bytes()
+    assert png.startswith(b"\x89PNG")
+    panels = int.from_bytes(png[16:20], "big") // 500  # 5 inches at 100 dpi each
+    assert panels == 3  # training loss, valid ndcg@10, masks
+    rows = [line for line in drawn.stdout.splitlines() if line.startswith("| RecDenoiser")]
+    assert rows and f"| {summary['epochs_run']} ({summary['best_epoch']}) |" in rows[0]
+    assert drawn.stdout.count("| SASRec | tiny |") == 1
 
 
 @pytest.mark.parametrize(
