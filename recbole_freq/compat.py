@@ -133,6 +133,17 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
     empty ``log_tensorboard/model-<time>`` folder.  Only the writing process opens one
     now.  Test: ``test_distributed.test_two_processes_train_and_evaluate_as_one``.
 
+17. No RecBole trainer closes its TensorBoard writer.  The writer appends each event on
+    a thread of its own, re-opening its file by a path relative to the working directory,
+    and nothing waited for that thread: events still queued when a run returned were lost
+    if the process ended, or went to another folder (or failed) if the working directory
+    changed meanwhile (the test suite, which changes directory per test, saw that
+    ``FileNotFoundError`` on such a thread), and each run in a long-lived process
+    (``--compare``, a test session) left a thread and an open writer behind.  ``Trainer.fit`` now closes the writer when it returns or raises; the
+    close waits until every event is on disk.  RecBole writes to it only during ``fit``.
+    No RecBole issue found.  Test:
+    ``test_compat.test_a_run_leaves_its_tensorboard_scalars_on_disk_and_no_writer_open``.
+
 ``apply()`` is idempotent and runs when ``recbole_freq`` is imported, after
 ``require_recbole()``.
 """
@@ -140,6 +151,7 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.abc
 import logging
 import os
@@ -699,6 +711,23 @@ class _NoTensorBoard:
         return lambda *args, **kwargs: None
 
 
+def _close_tensorboard_after_fit() -> None:
+    import recbole.trainer.trainer as trainer_module
+
+    original_fit = trainer_module.Trainer.fit
+    if hasattr(original_fit, "__wrapped__"):
+        return
+
+    @functools.wraps(original_fit)
+    def fit(self, *args, **kwargs):
+        try:
+            return original_fit(self, *args, **kwargs)
+        finally:
+            self.tensorboard.close()
+
+    trainer_module.Trainer.fit = fit
+
+
 def _guard_recboles_quick_start() -> None:
     when_imported("recbole.quick_start.quick_start", _patch_recbole_quick_start)
 
@@ -720,5 +749,6 @@ def apply() -> None:
     _collector_moves_only_tensors()
     _grad_scaler_of_torch_amp()
     _data_parallel_without_cuda()
+    _close_tensorboard_after_fit()
     _guard_recboles_quick_start()
     _applied = True

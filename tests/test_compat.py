@@ -127,6 +127,30 @@ def test_recbole_ensure_dir_tolerates_a_folder_created_meanwhile(tmp_path, monke
     assert folder.is_dir()
 
 
+def test_a_run_leaves_its_tensorboard_scalars_on_disk_and_no_writer_open(small_config, tmp_path):
+    import threading
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
+    from recbole_freq.quick_start import run
+
+    def open_writers():
+        return {t for t in threading.enumerate() if isinstance(t, _AsyncWriterThread)}
+
+    before = open_writers()
+    summary = run("SASRec", "tiny", cmd_overrides=dict(small_config, epochs=2), saved=False)
+    (folder,) = (tmp_path / "log_tensorboard").iterdir()
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    losses = events.Scalars("Loss/Train")
+    assert [e.step for e in losses] == [0, 1]
+    recorded = [epoch["train_loss"] for epoch in summary["history"]]
+    assert [e.value for e in losses] == pytest.approx(recorded, rel=1e-6)
+    assert [e.step for e in events.Scalars("Vaild_score")] == [0, 1]  # RecBole's spelling
+    assert open_writers() <= before
+
+
 def test_each_run_in_one_process_writes_its_own_log(small_config, tmp_path):
     import logging
 
