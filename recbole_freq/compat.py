@@ -139,10 +139,14 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
     if the process ended, or went to another folder (or failed) if the working directory
     changed meanwhile (the test suite, which changes directory per test, saw that
     ``FileNotFoundError`` on such a thread), and each run in a long-lived process
-    (``--compare``, a test session) left a thread and an open writer behind.  ``Trainer.fit`` now closes the writer when it returns or raises; the
-    close waits until every event is on disk.  RecBole writes to it only during ``fit``.
-    No RecBole issue found.  Test:
-    ``test_compat.test_a_run_leaves_its_tensorboard_scalars_on_disk_and_no_writer_open``.
+    (``--compare``, a test session) left a thread and an open writer behind.  A trainer
+    that only evaluates (``--evaluate``, a Ray trial's test) opened one as well, leaving
+    an empty ``log_tensorboard`` folder.  ``Trainer.fit`` now closes the writer when it
+    returns or raises, and the close waits until every event is on disk (RecBole writes
+    to it only during ``fit``); the writer is opened at the trainer's first event, so a
+    trainer that writes none leaves no folder and no thread.  No RecBole issue found.
+    Tests: ``test_compat.test_a_run_leaves_its_tensorboard_scalars_on_disk_and_no_writer_open``,
+    ``test_an_evaluation_opens_no_tensorboard_writer``.
 
 ``apply()`` is idempotent and runs when ``recbole_freq`` is imported, after
 ``require_recbole()``.
@@ -717,6 +721,10 @@ def _close_tensorboard_after_fit() -> None:
     original_fit = trainer_module.Trainer.fit
     if hasattr(original_fit, "__wrapped__"):
         return
+    open_writer = trainer_module.get_tensorboard
+    trainer_module.get_tensorboard = lambda logger: _TensorBoardOnFirstEvent(
+        functools.partial(open_writer, logger)
+    )
 
     @functools.wraps(original_fit)
     def fit(self, *args, **kwargs):
@@ -726,6 +734,23 @@ def _close_tensorboard_after_fit() -> None:
             self.tensorboard.close()
 
     trainer_module.Trainer.fit = fit
+
+
+class _TensorBoardOnFirstEvent:
+    """A trainer's TensorBoard writer, opened when the trainer first writes (fix 17)."""
+
+    def __init__(self, open_writer):
+        self._open_writer = open_writer
+        self._writer = None
+
+    def close(self):
+        if self._writer is not None:
+            self._writer.close()
+
+    def __getattr__(self, name):
+        if self._writer is None:
+            self._writer = self._open_writer()
+        return getattr(self._writer, name)
 
 
 def _guard_recboles_quick_start() -> None:

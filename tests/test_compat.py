@@ -11,7 +11,7 @@ import torch
 from recbole.data import create_dataset
 from recbole.evaluator.metrics import NDCG, Hit
 
-from conftest import without_transformer_settings
+from conftest import prepare, without_transformer_settings
 from recbole_freq import compat
 from recbole_freq.config import FreqConfig
 from recbole_freq.data import DatasetNotPreparedError
@@ -148,6 +148,25 @@ def test_a_run_leaves_its_tensorboard_scalars_on_disk_and_no_writer_open(small_c
     recorded = [epoch["train_loss"] for epoch in summary["history"]]
     assert [e.value for e in losses] == pytest.approx(recorded, rel=1e-6)
     assert [e.step for e in events.Scalars("Vaild_score")] == [0, 1]  # RecBole's spelling
+    assert open_writers() <= before
+
+
+def test_an_evaluation_opens_no_tensorboard_writer(small_config, tmp_path):
+    import threading
+
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
+    from recbole_freq.protocol import protocol_trainer
+    from recbole_freq.quick_start import new_model
+
+    def open_writers():
+        return {t for t in threading.enumerate() if isinstance(t, _AsyncWriterThread)}
+
+    before = open_writers()
+    config, train, _, test = prepare("SASRec", small_config)
+    trainer = protocol_trainer(config, new_model(config, train))
+    assert "ndcg@10" in trainer.evaluate(test, load_best_model=False, show_progress=False)
+    assert not (tmp_path / "log_tensorboard").exists()
     assert open_writers() <= before
 
 
