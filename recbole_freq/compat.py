@@ -748,6 +748,10 @@ class _TensorBoardOnFirstEvent:
             self._writer.close()
 
     def __getattr__(self, name):
+        # Private and special names (copy's __deepcopy__, pickle's __setstate__ on a
+        # half-built object) are not events: looking them up must not open the writer.
+        if name.startswith("_"):
+            raise AttributeError(name)
         if self._writer is None:
             self._writer = self._open_writer()
         return getattr(self._writer, name)

@@ -152,6 +152,7 @@ def test_a_run_leaves_its_tensorboard_scalars_on_disk_and_no_writer_open(small_c
 
 
 def test_an_evaluation_opens_no_tensorboard_writer(small_config, tmp_path):
+    import copy
     import threading
 
     from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
@@ -166,6 +167,7 @@ def test_an_evaluation_opens_no_tensorboard_writer(small_config, tmp_path):
     config, train, _, test = prepare("SASRec", small_config)
     trainer = protocol_trainer(config, new_model(config, train))
     assert "ndcg@10" in trainer.evaluate(test, load_best_model=False, show_progress=False)
+    copy.deepcopy(trainer.tensorboard)
     assert not (tmp_path / "log_tensorboard").exists()
     assert open_writers() <= before
 
