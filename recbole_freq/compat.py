@@ -715,7 +715,7 @@ class _NoTensorBoard:
         return lambda *args, **kwargs: None
 
 
-def _close_tensorboard_after_fit() -> None:
+def _open_tensorboard_late_and_close_it_after_fit() -> None:
     import recbole.trainer.trainer as trainer_module
 
     original_fit = trainer_module.Trainer.fit
@@ -778,6 +778,6 @@ def apply() -> None:
     _collector_moves_only_tensors()
     _grad_scaler_of_torch_amp()
     _data_parallel_without_cuda()
-    _close_tensorboard_after_fit()
+    _open_tensorboard_late_and_close_it_after_fit()
     _guard_recboles_quick_start()
     _applied = True

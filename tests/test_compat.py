@@ -127,16 +127,19 @@ def test_recbole_ensure_dir_tolerates_a_folder_created_meanwhile(tmp_path, monke
     assert folder.is_dir()
 
 
-def test_a_run_leaves_its_tensorboard_scalars_on_disk_and_no_writer_open(small_config, tmp_path):
+def open_writers() -> set:
+    """The TensorBoard writer threads alive in this process."""
     import threading
 
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
 
-    from recbole_freq.quick_start import run
+    return {t for t in threading.enumerate() if isinstance(t, _AsyncWriterThread)}
 
-    def open_writers():
-        return {t for t in threading.enumerate() if isinstance(t, _AsyncWriterThread)}
+
+def test_a_run_leaves_its_tensorboard_scalars_on_disk_and_no_writer_open(small_config, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from recbole_freq.quick_start import run
 
     before = open_writers()
     summary = run("SASRec", "tiny", cmd_overrides=dict(small_config, epochs=2), saved=False)
@@ -153,15 +156,9 @@ def test_a_run_leaves_its_tensorboard_scalars_on_disk_and_no_writer_open(small_c
 
 def test_an_evaluation_opens_no_tensorboard_writer(small_config, tmp_path):
     import copy
-    import threading
-
-    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
 
     from recbole_freq.protocol import protocol_trainer
     from recbole_freq.quick_start import new_model
-
-    def open_writers():
-        return {t for t in threading.enumerate() if isinstance(t, _AsyncWriterThread)}
 
     before = open_writers()
     config, train, _, test = prepare("SASRec", small_config)
