@@ -39,6 +39,7 @@ from recbole_freq.distributed import (
 from recbole_freq.evaluation import use_full_sort_for_sampled_scoring
 from recbole_freq.files import OutputWriteError, check_writable, plain_value, write_atomic
 from recbole_freq.memory import TrainingOutOfMemory, check_memory, longest_history
+from recbole_freq.model.layout import with_sequence_layout
 from recbole_freq.noise import corrupt_training_data
 from recbole_freq.protocol import (
     apply_protocol,
@@ -387,7 +388,7 @@ def build_model(config, dataset):
     and fail deep inside their constructors (FEARec with ``n_layers=1``, heads that do
     not divide the hidden size ...): any failure while building is one line naming the
     model and the failure, not a traceback."""
-    model_class = get_model_class(config["model"])
+    model_class = with_sequence_layout(get_model_class(config["model"]), config)
     if config["model"] == "FEARec":
         _check_fearec_delays(config)
     try:
@@ -440,6 +441,7 @@ def check_run_settings(config) -> None:
     """A run that would not train, never validate, or fail after its first epoch is an
     error before anything runs."""
     _check_valid_metric(config)
+    with_sequence_layout(get_model_class(config["model"]), config)  # refused in one line
     if config["log_wandb"]:
         import importlib.util
 

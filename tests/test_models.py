@@ -70,6 +70,72 @@ def test_fused_model_equals_unfused_oracle(small_config, overrides):
     assert dict(ours) == dict(oracle)
 
 
+def authors_left_padded(item_seq, item_seq_len):
+    """The BSARec authors' input rows (``src/dataset.py``, ``RecDataset.__getitem__``):
+    ``[0] * pad_len + input_ids``, written out row by row from RecBole's right-padded
+    rows."""
+    n = item_seq.size(1)
+    rows = []
+    for row, length in zip(item_seq.tolist(), item_seq_len.tolist()):
+        items = [item for item in row[:length] if item != 0]
+        rows.append([0] * (n - len(items)) + items)
+    return torch.tensor(rows, dtype=item_seq.dtype)
+
+
+def authors_bsarec_output(reference, item_seq, item_seq_len):
+    """BSARec as the authors compute it (``src/model/bsarec.py``): left-padded rows,
+    positions ``0 .. n-1`` over the padded row, the additive -10000 causal and padding
+    mask, the unmasked FFT filter, and the output at the last position."""
+    left = authors_left_padded(item_seq, item_seq_len)
+    full = torch.full_like(item_seq_len, left.size(1))
+    return reference.forward(left, full)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"c": 5, "alpha": 0.3, "n_heads": 1}])
+def test_left_layout_equals_the_authors_algorithm_for_every_length(small_config, overrides):
+    """``sequence_layout: left`` is the authors' BSARec on identical weights for every
+    input length 0 .. n (0: the window's first row, one padding item); ``right`` is
+    not, for every row shorter than n."""
+    overrides = dict(small_config, **overrides)
+    config, train, _, _ = prepare("BSARec", dict(overrides, sequence_layout="left"))
+    left_model = BSARec(config, train._dataset).eval()
+    reference = ReferenceBSARec(config, train._dataset).copy_weights_from(left_model).eval()
+    right_config, right_train, _, _ = prepare("BSARec", dict(overrides, sequence_layout="right"))
+    right_model = BSARec(right_config, right_train._dataset).eval()
+    right_model.load_state_dict(left_model.state_dict())
+
+    n = config["MAX_ITEM_LIST_LENGTH"]
+    generator = torch.Generator().manual_seed(3)
+    lengths = torch.arange(n + 1)
+    items = torch.randint(1, left_model.n_items, (n + 1, n), generator=generator)
+    item_seq = torch.where(torch.arange(n)[None, :] < lengths[:, None], items, 0)
+    item_seq_len = lengths.clamp(min=1)  # RecBole's item_length of an empty input
+    with torch.no_grad():
+        ours = left_model.forward(item_seq, item_seq_len)
+        authors = authors_bsarec_output(reference, item_seq, lengths)
+        right = right_model.forward(item_seq, item_seq_len)
+    torch.testing.assert_close(ours, authors, atol=1e-5, rtol=1e-5)
+    differs = (right - authors).abs().amax(dim=1) > 1e-3
+    assert differs[:n].all() and not differs[n]  # the same function only for full rows
+
+
+def test_left_layout_outputs_keep_recboles_positions(small_config):
+    """Every position's output under ``left`` comes back where RecBole's row has the
+    item (per-position targets, augmentations), and ``encode`` then ``gather_indexes`` is
+    ``forward``."""
+    config, train, _, _ = prepare("BSARec", dict(small_config, sequence_layout="left"))
+    model = BSARec(config, train._dataset).eval()
+    batch = first_batch(train)
+    item_seq, lengths = batch[model.ITEM_SEQ], batch[model.ITEM_SEQ_LEN]
+    with torch.no_grad():
+        every = model.encode(item_seq)
+        inputs, outputs = model.run_encoder(item_seq)
+        last = model.forward(item_seq, lengths)
+    torch.testing.assert_close(model.gather_indexes(every, lengths - 1), last)
+    torch.testing.assert_close(outputs[-1], every)
+    assert [state.shape for state in inputs] == [state.shape for state in outputs]
+
+
 def test_training_steps_match_oracle_without_dropout(small_config):
     overrides = dict(small_config, hidden_dropout_prob=0.0, attn_dropout_prob=0.0)
     config, train, _, _ = prepare("BSARec", overrides)

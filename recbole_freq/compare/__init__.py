@@ -27,6 +27,7 @@ from recbole_freq.compare.runs import (
     RESERVED_OVERRIDES,
     ComparisonError,
     check_out_dir,
+    check_stored_labels,
     entry_name,
     load_run,
     run_file,
@@ -231,7 +232,7 @@ def compare(
         settings["paper_references"] = references
         for model in references:
             log(f"--paper: {model} gets the backbone settings of its denoiser's paper file")
-    configs = validate(
+    configs, expected_labels = validate(
         models, dataset, config_files, overrides, seeds, protocols or [None], paper_models,
         references,
     )  # fmt: skip
@@ -253,6 +254,7 @@ def compare(
     check_out_dir(out, settings)
 
     entries = [entry_name(m, p) for m in models for p in (protocols or [None])]
+    check_stored_labels(out, entries, seeds, expected_labels)
     jobs = [(e, s) for e in entries for s in seeds if not run_file(out, e, s).is_file()]
     skipped = [(e, s) for e in entries for s in seeds if (e, s) not in jobs]
     if skipped:

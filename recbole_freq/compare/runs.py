@@ -225,11 +225,13 @@ def validate(
 ) -> dict:
     """Build each model's configuration once before any training, so that an unknown model,
     a missing file or an unprepared dataset fails in seconds, not after hours of runs.
-    Returns the configuration of the first model under each protocol (for the notes)."""
+    Returns the configuration of the first model under each protocol (for the notes), and
+    each entry's protocol label."""
     from recbole_freq.config import FreqConfig
     from recbole_freq.data import check_prepared
+    from recbole_freq.protocol import protocol_label
 
-    first = {}
+    first, labels = {}, {}
     for protocol in protocols:
         chosen = {} if protocol is None else {"protocol": protocol}
         for model in models:
@@ -248,7 +250,27 @@ def validate(
             )
             check_prepared(config)
             first.setdefault(protocol, config)
-    return first
+            labels[entry_name(model, protocol)] = protocol_label(config)
+    return first, labels
+
+
+def check_stored_labels(out: Path, entries, seeds, labels: dict) -> None:
+    """A stored run is reused only if it was made under the protocol this command runs:
+    runs stored before a protocol's default changed (``sequence_layout`` of ``bsarec``,
+    ``fmlprec`` and ``sasrec``) keep their own, true label, and are not passed off as
+    runs of the new default."""
+    for entry in entries:
+        for seed in seeds:
+            path = run_file(out, entry, seed)
+            if not path.is_file():
+                continue
+            stored = run_protocol_label(load_run(path))
+            if stored != labels[entry]:
+                raise ComparisonError(
+                    f"{path} was made under protocol {stored}, and this command runs "
+                    f"{split_entry(entry)[0]} under {labels[entry]}; pick another --out, or "
+                    f"delete the run file to redo it"
+                )
 
 
 def run_sequential(

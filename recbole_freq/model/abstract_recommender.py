@@ -16,7 +16,15 @@ from recbole_freq.model.denoising import (
     sparsity_penalty_scale,
 )
 from recbole_freq.model.encoder import ATTENTION_OPERATORS, RESIDUAL_PATHS, build_encoder
-from recbole_freq.model.layers import SequenceEmbedding, build_attention_mask, init_weights
+from recbole_freq.model.layers import (
+    SEQUENCE_LAYOUTS,
+    SequenceEmbedding,
+    build_attention_mask,
+    gather_positions,
+    init_weights,
+    left_alignment,
+    sequence_extent,
+)
 from recbole_freq.model.objectives import (
     DenoisingPass,
     build_objective,
@@ -64,6 +72,18 @@ def stochastic_shared(ids: torch.Tensor, prob: float, n_ids: int) -> torch.Tenso
     return torch.where(replace, random_ids, ids)
 
 
+def sequence_layout(config) -> str:
+    """The run's ``sequence_layout`` (a protocol piece, ``recbole_freq.protocol``):
+    ``right`` (RecBole's padding) when unset, as in configurations stored before the
+    piece existed."""
+    layout = config_value(config, "sequence_layout", SEQUENCE_LAYOUTS[0])
+    if layout not in SEQUENCE_LAYOUTS:
+        raise ValueError(
+            f"sequence_layout={layout!r} is unknown; choose one of {', '.join(SEQUENCE_LAYOUTS)}"
+        )
+    return layout
+
+
 def config_value(config, key, default=None):
     """``config[key]`` with a default; RecBole's ``Config`` returns None for missing keys."""
     value = config[key]
@@ -81,8 +101,7 @@ def component_options(config, registry, name) -> dict:
 class TransformerRecommender(SequentialRecommender):
     """Embedding (BSARec eq. 4) -> configurable Transformer encoder -> dot-product scores.
 
-    Scores follow BSARec eq. 10 (``e_v^T X^L`` at the last real position of the
-    right-padded sequence); the loss is cross-entropy over all items (eq. 11) or BPR
+    Scores follow BSARec eq. 10 (``e_v^T X^L`` at the position of the newest item); the loss is cross-entropy over all items (eq. 11) or BPR
     with sampled negatives, as in RecBole's SASRec.  Subclasses choose the token mixer
     and add their own encoder settings in ``encoder_settings``.
 
@@ -90,6 +109,16 @@ class TransformerRecommender(SequentialRecommender):
     time-interval embeddings in its keys and values (``temporal``; ``time_span`` k),
     read from the rows' timestamps (``sequence_inputs``); ``input_position_embedding:
     False`` leaves positions out of the input embedding, as TiSASRec does.
+
+    ``sequence_layout`` says where a sequence's items sit among the ``n`` positions the
+    encoder sees (position embeddings, the attention mask, the frequency filters that mix
+    every position): ``right``, RecBole's, items at ``0 .. length - 1`` and padding
+    after them; ``left``, the BSARec / FMLP-Rec / SASRec authors' (``[0] * pad_len +
+    input_ids``), padding first and the newest item at ``n - 1``.  RecBole's loaders
+    always give right-padded rows; with ``left`` the encoder re-lays each row on the
+    way in and its outputs back on the way out (``encoder_layout``), so every reader of
+    the outputs (the last position at ``item_seq_len - 1``, per-position targets,
+    augmentations) keeps RecBole's layout.
     """
 
     token_mixer = "self_attention"
@@ -104,6 +133,7 @@ class TransformerRecommender(SequentialRecommender):
     def __init__(self, config, dataset):
         super().__init__(config, dataset)
         self.hidden_size = config["hidden_size"]
+        self.sequence_layout = sequence_layout(config)
         self.initializer_range = config_value(config, "initializer_range", 0.02)
         self.loss_type = config_value(config, "loss_type", "CE")
         if self.loss_type not in self.loss_types:
@@ -381,12 +411,31 @@ class TransformerRecommender(SequentialRecommender):
             inputs = torch.where(item_seq > 0, replaced, item_seq)
         return self.embedding(inputs, users), mask, relations
 
+    def encoder_layout(self, item_seq: torch.Tensor, inputs: dict):
+        """``(item_seq, inputs, to_right)``: the batch in the encoder's
+        ``sequence_layout``, and the gather index that puts the encoder's outputs back in
+        RecBole's right-padded layout (None when the two layouts are the same)."""
+        if self.sequence_layout == "right":
+            return item_seq, inputs, None
+        to_left, to_right = left_alignment(sequence_extent(item_seq), item_seq.size(1))
+        inputs = dict(inputs)
+        if inputs.get("time_seq") is not None:
+            inputs["time_seq"] = inputs["time_seq"].gather(1, to_left)
+        return item_seq.gather(1, to_left), inputs, to_right
+
+    @staticmethod
+    def in_data_layout(hidden: torch.Tensor, to_right) -> torch.Tensor:
+        return hidden if to_right is None else gather_positions(hidden, to_right)
+
     def encode(self, item_seq: torch.Tensor, output_all_layers: bool = False, **inputs):
         """Every position's ``readout`` of the last layer (or all layers' hidden
-        states); ``inputs`` are ``sequence_inputs`` of the batch."""
-        embedded, mask, relations = self.encoder_inputs(item_seq, **inputs)
+        states), in RecBole's layout; ``inputs`` are ``sequence_inputs`` of the batch."""
+        laid, laid_inputs, to_right = self.encoder_layout(item_seq, inputs)
+        embedded, mask, relations = self.encoder_inputs(laid, **laid_inputs)
         outputs = self.encoder(embedded, mask, output_all_layers, relations)
-        return outputs if output_all_layers else self.readout(outputs, **inputs)
+        if output_all_layers:
+            return [self.in_data_layout(hidden, to_right) for hidden in outputs]
+        return self.readout(self.in_data_layout(outputs, to_right), **inputs)
 
     def forward(self, item_seq: torch.Tensor, item_seq_len: torch.Tensor, **inputs):
         return self.gather_indexes(self.encode(item_seq, **inputs), item_seq_len - 1)
@@ -445,10 +494,13 @@ class TransformerRecommender(SequentialRecommender):
         return DenoisingPass(losses / losses.numel(), inputs, outputs, item_seq != 0)
 
     def run_encoder(self, item_seq: torch.Tensor, **inputs):
-        """Embedding and every block's output; returns (block inputs, block outputs)."""
-        embedded, mask, relations = self.encoder_inputs(item_seq, **inputs)
+        """Embedding and every block's output, in RecBole's layout; returns (block
+        inputs, block outputs)."""
+        laid, laid_inputs, to_right = self.encoder_layout(item_seq, inputs)
+        embedded, mask, relations = self.encoder_inputs(laid, **laid_inputs)
         outputs = self.encoder(embedded, mask, True, relations)
-        return [embedded, *outputs[:-1]], outputs
+        states = [self.in_data_layout(hidden, to_right) for hidden in (embedded, *outputs)]
+        return states[:-1], states[1:]
 
     @staticmethod
     def pointwise_losses(loss_type, pos_score, neg_score=None, logits=None, targets=None):

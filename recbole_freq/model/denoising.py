@@ -82,15 +82,18 @@ def mask_alignment_index(mask: torch.Tensor) -> torch.Tensor:
 
     Rec-Denoiser's ``Phi`` is indexed as in the authors' left-padded layout, where row
     ``n - 1`` is always the most recent item (the query that predicts the next one) and
-    column ``n - 1 - k`` the k-th item before it.  RecBole right-pads, so a sequence of
-    ``len`` items is shifted by ``n - len``; padding positions (never attended to, never
-    scored) reuse index ``n - 1``.  The lengths are read off the boolean attention mask:
-    its last query row allows exactly the real keys.
+    column ``n - 1 - k`` the k-th item before it.  A row whose newest item sits at
+    position ``end - 1`` is shifted by ``n - end``: RecBole's right-padded rows by
+    ``n - len``, rows in the authors' layout (``sequence_layout: left``) not at all;
+    positions after the newest item (right padding, never attended to, never scored)
+    reuse index ``n - 1``.  ``end`` is read off the boolean attention mask: its last
+    query row allows exactly the real keys (every key for an all-padding row).
     """
     seq_len = mask.size(-1)
-    lengths = mask[:, 0, -1, :].sum(-1)
+    slots = torch.arange(1, seq_len + 1, device=mask.device)
+    ends = (mask[:, 0, -1, :] * slots).amax(-1)
     positions = torch.arange(seq_len, device=mask.device)
-    return (positions + (seq_len - lengths)[:, None]).clamp(max=seq_len - 1)
+    return (positions + (seq_len - ends)[:, None]).clamp(max=seq_len - 1)
 
 
 def align_masks(canonical: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -144,9 +144,11 @@ class LearnableFilter(nn.Module):
     hidden dimension, ``X~ = W * X``, and transformed back, ``F~ = F^-1(X~)``.
 
     As in the authors' ``FilterLayer`` (Woeee/FMLP-Rec, ``modules.py``), ``W`` starts
-    from ``0.02 N(0, 1)`` in its real and imaginary parts.  The filter is circulant
-    (diagonal in the Fourier basis), so it commutes with the circular shift between
-    RecBole's right padding and the authors' left padding.
+    from ``0.02 N(0, 1)`` in its real and imaginary parts.  The filter mixes every
+    position, padding included, so a row shorter than ``n`` gives a different output
+    under RecBole's right padding and the authors' left padding (its padding positions
+    carry other position embeddings): ``sequence_layout`` chooses, ``left`` under
+    ``--protocol=fmlprec`` and ``bsarec``.
     """
 
     def __init__(self, seq_len: int, hidden_size: int):

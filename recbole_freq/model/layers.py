@@ -72,6 +72,39 @@ def build_attention_mask(item_seq: torch.Tensor, bidirectional: bool = False) ->
     return mask | ~mask.any(dim=-1, keepdim=True)
 
 
+SEQUENCE_LAYOUTS = ("right", "left")
+
+
+def sequence_extent(item_seq: torch.Tensor) -> torch.Tensor:
+    """Per row of a right-padded sequence, the number of slots up to its last non-padding
+    item, at least 1: RecBole's ``item_length`` (an empty input, the first row of
+    ``train_rows: window``, is one padding item)."""
+    slots = torch.arange(1, item_seq.size(1) + 1, device=item_seq.device)
+    return (slots * (item_seq != 0)).amax(dim=1).clamp(min=1)
+
+
+def left_alignment(lengths: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(to_left, to_right)``: gather indices along the sequence axis between RecBole's
+    right-padded rows (a row's ``lengths[r]`` slots first, padding after them) and the
+    left-padded layout of the BSARec, FMLP-Rec, S3-Rec, SASRec and Rec-Denoiser authors'
+    code (padding first, the newest item at position ``seq_len - 1``).  Each is a
+    per-row rotation by ``seq_len - length``, so the padding slots move as a block and
+    ``x.gather(1, to_left).gather(1, to_right) == x``."""
+    positions = torch.arange(seq_len, device=lengths.device)
+    shift = (seq_len - lengths.long().clamp(1, seq_len))[:, None]
+    to_left = (positions[None, :] - shift) % seq_len
+    to_right = (positions[None, :] + shift) % seq_len
+    return to_left, to_right
+
+
+def gather_positions(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``tensor[r, index[r, t], ...]`` along dim 1, for a tensor of any trailing shape."""
+    shaped = index.view(index.shape + (1,) * (tensor.dim() - 2)).expand(
+        index.shape + tensor.shape[2:]
+    )
+    return tensor.gather(1, shaped)
+
+
 class SequenceEmbedding(nn.Module):
     """Embedding layer, BSARec eq. 4: ``E = Dropout(LayerNorm(M[s] + P))``.
 

@@ -34,9 +34,9 @@ from recbole_freq.model.layers import Dropout, KeyValueRelations
 
 def time_interval_matrix(time_seq, item_seq, time_span: int) -> torch.Tensor:
     """``(batch, n, n)`` long: TiSASRec's relation matrix ``r_ij = min(|t'_i - t'_j|,
-    k)`` of each right-padded row, with ``t'`` the row's timestamps minus its first,
-    divided by the smallest non-zero gap between consecutive items of the row (1 if all
-    share one timestamp) and rounded.  Entries of padding positions are 0 (attention
+    k)`` of each row (either ``sequence_layout``), with ``t'`` the row's timestamps minus
+    the timestamp of its first item, divided by the smallest non-zero gap between
+    consecutive items of the row (1 if all share one timestamp) and rounded.  Entries of padding positions are 0 (attention
     hides them)."""
     real = item_seq != 0
     times = time_seq.to(torch.float64)
@@ -44,7 +44,8 @@ def time_interval_matrix(time_seq, item_seq, time_span: int) -> torch.Tensor:
     counted = real[:, 1:] & real[:, :-1] & (gaps > 0)
     scale = torch.where(counted, gaps, torch.full_like(gaps, torch.inf)).amin(dim=1)
     scale = torch.where(torch.isinf(scale), torch.ones_like(scale), scale)
-    scaled = torch.round((times - times[:, :1]) / scale[:, None])
+    origin = times.gather(1, real.long().argmax(dim=1, keepdim=True))
+    scaled = torch.round((times - origin) / scale[:, None])
     scaled = torch.where(real, scaled, torch.zeros_like(scaled))
     intervals = (scaled[:, :, None] - scaled[:, None, :]).abs().clamp(max=time_span)
     pair_real = real[:, :, None] & real[:, None, :]

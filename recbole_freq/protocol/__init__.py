@@ -55,6 +55,17 @@ through RecBole's own classes (the split datasets, the evaluation sampler, the
     ``strict``: the BSARec authors' ``EarlyStopping`` (``src/utils.py``): only a higher
     unrounded score improves, and training stops after ``stopping_step`` epochs without
     one.
+``sequence_layout`` (where a row's items sit among the model's ``n`` positions)
+    ``right``: RecBole's, the items at positions ``0 .. length - 1`` and padding after
+    them, so the newest item's position embedding depends on the row's length.
+    ``left``: the BSARec / FMLP-Rec / S3-Rec authors' (``src/dataset.py``,
+    ``RecDataset.__getitem__``: ``[0] * pad_len + input_ids``) and SASRec's and
+    Rec-Denoiser's (``seq[idx] = i`` from ``idx = maxlen - 1`` down): padding first,
+    positions counted over the padded row, the newest item at ``n - 1``.  The loaders
+    keep RecBole's rows; the plugin's models re-lay them inside the encoder
+    (``TransformerRecommender.encoder_layout``) and RecBole's built-ins whose only use
+    of ``item_seq_len`` is reading the last position get the re-laid rows in
+    ``forward`` (``recbole_freq.model.layout``); the others are refused in one line.
 
 Validation and test inputs are the last n items before the target under every choice,
 as in RecBole and in the authors' code.
@@ -70,8 +81,10 @@ PIECES = {
     "train_loss": ("model", "bce"),
     "eval_negatives": ("target_only", "unseen"),
     "stopping_rule": ("recbole", "strict"),
+    "sequence_layout": ("right", "left"),
 }
-# The pieces that change the loaders (stopping_rule acts in the trainer only).
+# The pieces that change the loaders (stopping_rule acts in the trainer, sequence_layout
+# in the model).
 DATA_PIECES = ("history_mask", "train_rows", "eval_negatives")
 ALL_POSITIONS = "last_n_all_positions"
 # Pieces that are part of a model's recipe as much as of a protocol: the papers' tables

@@ -24,10 +24,15 @@ class BSARec(TransformerRecommender):
     Ablations (Table 3/7): ``alpha: 0`` is "only A", ``alpha: 1`` "only A_IB",
     ``beta_type: scalar`` "scalar beta".
 
-    Padding: RecBole right-pads sequences where the authors' code left-pads.  The
-    frequency filter is circulant (diagonal in the Fourier basis), so it commutes with
-    the circular shift between the two layouts; only the labels of the learned position
-    embeddings differ.
+    Padding (``sequence_layout``): the authors' code left-pads every row and numbers
+    positions ``0 .. n-1`` across the padded row, so the newest item always takes the
+    last position embedding; RecBole right-pads.  The two give different functions for
+    every row shorter than ``n``: the filter, unmasked, mixes the padding positions'
+    embeddings into every position, and those embeddings (and the causal attention
+    states at padded positions) depend on where the padding sits.  The circulant filter
+    commutes with a circular shift, but the position embeddings do not shift with it.
+    ``--protocol=bsarec`` (and ``--paper``) use ``left``, the authors' layout;
+    ``tests/test_models.py`` holds the model to an oracle written from their algorithm.
     """
 
     token_mixer = "bsa"
