@@ -5,8 +5,8 @@ ranking mode) act on a trained model only, so one checkpoint can be tested under
 them: how much of a gap between two tables is the ranking's, not the model's.  A variant
 is a protocol name (its evaluation pieces) or ``key=value`` changes joined by ``+``, e.g.
 ``recbole``, ``bsarec``, ``history_mask=zero``, ``mode=uni100+eval_negatives=unseen``.
-The training pieces (``train_rows``, ``stopping_rule``) stay the checkpoint's, and each
-result's label says so.
+The training pieces (``train_rows``, ``stopping_rule``, ``sequence_layout``) stay the
+checkpoint's, and each result's label says so.
 """
 
 from __future__ import annotations

@@ -351,7 +351,7 @@ def test_evaluate_one_checkpoint_under_several_protocols(small_config, tmp_path,
     assert [r["protocol"] for r in results] == [
         "recbole",
         "recbole+history_mask=zero",
-        "bsarec+train_rows=all_prefixes+stopping_rule=recbole",
+        "bsarec+train_rows=all_prefixes+stopping_rule=recbole+sequence_layout=right",
         "recbole+mode=uni10",
     ]
     # The recbole variant is the training run's own test, user by user too.

@@ -494,13 +494,14 @@ class TransformerRecommender(SequentialRecommender):
         return DenoisingPass(losses / losses.numel(), inputs, outputs, item_seq != 0)
 
     def run_encoder(self, item_seq: torch.Tensor, **inputs):
-        """Embedding and every block's output, in RecBole's layout; returns (block
-        inputs, block outputs)."""
+        """Embedding and every block's output; returns (block inputs, block outputs):
+        the inputs as the blocks received them (the Jacobian regulariser differentiates
+        with respect to them), the outputs in RecBole's layout (where the rows' real
+        positions and the last position ``item_seq_len - 1`` are)."""
         laid, laid_inputs, to_right = self.encoder_layout(item_seq, inputs)
         embedded, mask, relations = self.encoder_inputs(laid, **laid_inputs)
         outputs = self.encoder(embedded, mask, True, relations)
-        states = [self.in_data_layout(hidden, to_right) for hidden in (embedded, *outputs)]
-        return states[:-1], states[1:]
+        return [embedded, *outputs[:-1]], [self.in_data_layout(h, to_right) for h in outputs]
 
     @staticmethod
     def pointwise_losses(loss_type, pos_score, neg_score=None, logits=None, targets=None):
