@@ -6,9 +6,12 @@
 ``RUNS_DIR``: the ``runs/`` folders that ``--compare --out DIR`` writes (several, when the
 models of one table were run by separate commands; every run must name the same protocol
 and dataset).  ``paper.json``: ``{"source": "...", "rows": {"Model": [values in metric
-order], ...}}``.  Each model gets its row, the paper's row under it, and the difference;
-the last columns say how each run ended (epochs, best epoch, seconds per training epoch),
-so that a reader sees which runs the budget cut short.
+order], ...}}``, optionally with ``"authors_here": {"source": "...", "rows": {...}}``: the
+authors' own code run on the machine our numbers come from (``null`` where a value was not
+measured).  Each model gets its row, the paper's row under it and the difference, then
+the authors' code's row and our difference from it; the last columns say how each run
+ended (epochs, best epoch, seconds per training epoch), so that a reader sees which runs
+the budget cut short.
 """
 
 from __future__ import annotations
@@ -47,24 +50,38 @@ def table(runs: list[dict], paper: dict, metrics: list[str]) -> str:
         stop = "early stop" if run["stopped_early"] else "budget"
         label = run["protocol"]["label"]
         shown = "" if label == run["protocol"]["protocol"] else f", {label}"
+        seed = f", seed {run['seed']}" if run.get("seed") is not None else ""
         lines.append(
-            f"| {run['model']} (ours{shown}) | "
+            f"| {run['model']} (ours{seed}{shown}) | "
             + " | ".join(f"{v:.4f}" for v in ours)
             + f" | {run['epochs_run']} ({run['best_epoch']}), {stop} | "
             f"{run['train_seconds_per_epoch']:.0f} |"
         )
-        reported = paper["rows"].get(run["model"])
-        if reported is None:
-            continue
-        lines.append(
-            f"| {run['model']} (paper) | " + " | ".join(f"{v:.4f}" for v in reported) + " | | |"
-        )
-        lines.append(
-            "| difference | "
-            + " | ".join(f"{(o - p) / p:+.1%}" for o, p in zip(ours, reported))
-            + " | | |"
-        )
+        here = paper.get("authors_here", {}).get("rows", {})
+        for source, rows in (("paper", paper["rows"]), ("authors' code here", here)):
+            reported = rows.get(run["model"])
+            if reported is None:
+                continue
+            lines.append(
+                f"| {run['model']} ({source}) | "
+                + " | ".join(_value(v) for v in reported)
+                + " | | |"
+            )
+            lines.append(
+                f"| difference from the {source.replace('here', '')}".rstrip()
+                + " | "
+                + " | ".join(_difference(o, r) for o, r in zip(ours, reported))
+                + " | | |"
+            )
     return "\n".join(lines)
+
+
+def _value(value) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def _difference(ours: float, reported) -> str:
+    return "" if reported is None else f"{(ours - reported) / reported:+.1%}"
 
 
 def main(argv=None) -> int:

@@ -12,8 +12,9 @@
 #   trains the other model after its first; only its first is used).
 # With SECONDS, every process is stopped after that long; a run stopped mid-way keeps
 # its completed epochs in <folder>/partial/ and continues from there next time.
-# Then OUT_DIR/<folder>/runs/*.json can be gathered into one folder and tabulated with
-# the same --compare command (it skips stored runs).
+# Every folder shares one checkpoint_dir (OUT_DIR/saved), so that the run files of the
+# three lastfm seeds (and of the two Beauty folders) can be gathered into one folder and
+# tabulated with the same --compare command (it skips stored runs).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 data=${1:?usage: reproduce_bsarec_layout.sh DATA_PATH OUT_DIR [SECONDS]}
@@ -30,7 +31,7 @@ launch() {  # launch FOLDER ARGS...: one --compare in the background, logged
   local limit=()
   [ "$seconds" != 0 ] && limit=(timeout -s TERM "$seconds")
   "${limit[@]}" "$python" "$root/run_recbole_freq.py" --compare "$@" --out "$out/$folder" \
-    --data_path="$data" --checkpoint_dir="$out/$folder/saved" --show_progress=False \
+    --data_path="$data" --checkpoint_dir="$out/saved" --show_progress=False \
     >"$out/$folder/compare.log" 2>&1 &
 }
 

@@ -40,6 +40,7 @@ common overrides (any RecBole or model setting, as --key=value):
   --protocol=recbole|bsarec|fmlprec|sasrec|uni100 (docs/protocols.md), or its pieces:
   --history_mask=none|zero|exclude --train_rows=all_prefixes|window|last_n_all_positions
   --train_loss=model|bce --eval_negatives=target_only|unseen --stopping_rule=recbole|strict
+  --sequence_layout=right|left
 An unknown or misspelled key is an error; list your own keys under accept_unknown_keys.
 
 exit codes: 0 done, 1 an output could not be written, 2 bad usage or input,
