@@ -13,7 +13,7 @@ from conftest import (
     prepare,
     without_transformer_settings,
 )
-from recbole_freq.compare.runs import ComparisonError, check_stored_labels
+from recbole_freq.compare.runs import stored_label_differences
 from recbole_freq.model import DuoRec
 from recbole_freq.model.layout import SequenceLayoutError, with_sequence_layout
 from recbole_freq.protocol import all_position_output
@@ -131,14 +131,16 @@ def test_the_papers_protocols_pad_left_and_labels_say_otherwise(tiny_data, small
     assert recbole["protocol"]["label"] == "recbole"
 
 
-def test_a_stored_run_of_another_layout_is_not_reused(tmp_path):
+def test_a_stored_run_of_another_layout_is_named_when_skipped(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
     record = {"settings": {}, "summary": {"protocol": {"label": "bsarec+sequence_layout=right"}}}
     (runs / "BSARec-seed42.json").write_text(json.dumps(record))
-    check_stored_labels(tmp_path, ["BSARec"], [42], {"BSARec": "bsarec+sequence_layout=right"})
-    with pytest.raises(ComparisonError, match="made under protocol bsarec\\+sequence_layout=right"):
-        check_stored_labels(tmp_path, ["BSARec"], [42], {"BSARec": "bsarec"})
+    label = {"BSARec": "bsarec+sequence_layout=right"}
+    assert stored_label_differences(tmp_path, ["BSARec"], [42], label) == []
+    (line,) = stored_label_differences(tmp_path, ["BSARec"], [42], {"BSARec": "bsarec"})
+    assert "stored under protocol bsarec+sequence_layout=right" in line
+    assert "would run BSARec under bsarec" in line
 
 
 def test_gru4rec_built_under_right_is_recboles_own(small_config):

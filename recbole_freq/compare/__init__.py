@@ -27,7 +27,6 @@ from recbole_freq.compare.runs import (
     RESERVED_OVERRIDES,
     ComparisonError,
     check_out_dir,
-    check_stored_labels,
     entry_name,
     load_run,
     run_file,
@@ -36,6 +35,7 @@ from recbole_freq.compare.runs import (
     run_sequential,
     run_settings,
     split_entry,
+    stored_label_differences,
     validate,
 )
 from recbole_freq.compare.tables import (
@@ -254,7 +254,8 @@ def compare(
     check_out_dir(out, settings)
 
     entries = [entry_name(m, p) for m in models for p in (protocols or [None])]
-    check_stored_labels(out, entries, seeds, expected_labels)
+    for line in stored_label_differences(out, entries, seeds, expected_labels):
+        log(f"note: {line}")
     jobs = [(e, s) for e in entries for s in seeds if not run_file(out, e, s).is_file()]
     skipped = [(e, s) for e in entries for s in seeds if (e, s) not in jobs]
     if skipped:

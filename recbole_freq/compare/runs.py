@@ -254,11 +254,13 @@ def validate(
     return first, labels
 
 
-def check_stored_labels(out: Path, entries, seeds, labels: dict) -> None:
-    """A stored run is reused only if it was made under the protocol this command runs:
-    runs stored before a protocol's default changed (``sequence_layout`` of ``bsarec``,
-    ``fmlprec`` and ``sasrec``) keep their own, true label, and are not passed off as
-    runs of the new default."""
+def stored_label_differences(out: Path, entries, seeds, labels: dict) -> list[str]:
+    """The stored runs that this command skips although it would run them under another
+    protocol (e.g. runs stored before ``sequence_layout: left`` became the default of
+    ``bsarec``, ``fmlprec`` and ``sasrec``): one line each.  They keep their own, true
+    label in every table, and ``check_protocols`` refuses to table them beside runs of
+    another protocol unless asked."""
+    lines = []
     for entry in entries:
         for seed in seeds:
             path = run_file(out, entry, seed)
@@ -266,11 +268,11 @@ def check_stored_labels(out: Path, entries, seeds, labels: dict) -> None:
                 continue
             stored = run_protocol_label(load_run(path))
             if stored != labels[entry]:
-                raise ComparisonError(
-                    f"{path} was made under protocol {stored}, and this command runs "
-                    f"{split_entry(entry)[0]} under {labels[entry]}; pick another --out, or "
-                    f"delete the run file to redo it"
+                lines.append(
+                    f"{path.name}: stored under protocol {stored}; this command would run "
+                    f"{split_entry(entry)[0]} under {labels[entry]} (delete the file to redo it)"
                 )
+    return lines
 
 
 def run_sequential(
