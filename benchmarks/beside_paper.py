@@ -58,7 +58,9 @@ def table(runs: list[dict], paper: dict, metrics: list[str]) -> str:
             f"{run['train_seconds_per_epoch']:.0f} |"
         )
         here = paper.get("authors_here", {}).get("rows", {})
-        for source, rows in (("paper", paper["rows"]), ("authors' code here", here)):
+        sources = (("paper", "the paper", paper["rows"]),
+                   ("authors' code here", "the authors' code", here))  # fmt: skip
+        for source, named, rows in sources:
             reported = rows.get(run["model"])
             if reported is None:
                 continue
@@ -68,8 +70,7 @@ def table(runs: list[dict], paper: dict, metrics: list[str]) -> str:
                 + " | | |"
             )
             lines.append(
-                f"| difference from the {source.replace('here', '')}".rstrip()
-                + " | "
+                f"| difference from {named} | "
                 + " | ".join(_difference(o, r) for o, r in zip(ours, reported))
                 + " | | |"
             )

@@ -57,6 +57,20 @@ def prepare(model, overrides, dataset="tiny"):
     return config, train, valid, test
 
 
+def authors_left_padded(item_seq, item_seq_len):
+    """The BSARec authors' input rows (``src/dataset.py``, ``RecDataset.__getitem__``):
+    ``[0] * pad_len + input_ids``, written out row by row from RecBole's right-padded
+    rows."""
+    import torch
+
+    n = item_seq.size(1)
+    rows = []
+    for row, length in zip(item_seq.tolist(), item_seq_len.tolist()):
+        items = [item for item in row[:length] if item != 0]
+        rows.append([0] * (n - len(items)) + items)
+    return torch.tensor(rows, dtype=item_seq.dtype)
+
+
 def first_batch(loader):
     """The first training interaction of ``loader`` (evaluation loaders yield tuples)."""
     for batch in loader:

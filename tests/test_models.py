@@ -7,7 +7,7 @@ import pytest
 import torch
 from recbole.trainer import Trainer
 
-from conftest import first_batch, prepare
+from conftest import authors_left_padded, first_batch, prepare
 from recbole_freq.model import BSARec, FBSARec
 from recbole_freq.quick_start import REPORTED_METRICS, run
 from reference_bsarec import ReferenceBSARec
@@ -68,18 +68,6 @@ def test_fused_model_equals_unfused_oracle(small_config, overrides):
     ours = Trainer(config, model).evaluate(test, load_best_model=False)
     oracle = Trainer(config, reference).evaluate(test, load_best_model=False)
     assert dict(ours) == dict(oracle)
-
-
-def authors_left_padded(item_seq, item_seq_len):
-    """The BSARec authors' input rows (``src/dataset.py``, ``RecDataset.__getitem__``):
-    ``[0] * pad_len + input_ids``, written out row by row from RecBole's right-padded
-    rows."""
-    n = item_seq.size(1)
-    rows = []
-    for row, length in zip(item_seq.tolist(), item_seq_len.tolist()):
-        items = [item for item in row[:length] if item != 0]
-        rows.append([0] * (n - len(items)) + items)
-    return torch.tensor(rows, dtype=item_seq.dtype)
 
 
 def authors_bsarec_output(reference, item_seq, item_seq_len):

@@ -9,6 +9,7 @@ from recbole.model.sequential_recommender import GRU4Rec, SASRec
 
 from conftest import (
     assert_same_as_recbole,
+    authors_left_padded,
     first_batch,
     prepare,
     without_transformer_settings,
@@ -26,17 +27,12 @@ def left_padded(batch, model):
     """``batch`` with every row written the authors' way, ``[0] * pad_len + items``, and
     ``item_length`` n: the input a left-padded model reads at position n - 1."""
     item_seq, lengths = batch[model.ITEM_SEQ], batch[model.ITEM_SEQ_LEN]
-    n = item_seq.size(1)
-    rows = []
-    for row, length in zip(item_seq.tolist(), lengths.tolist()):
-        items = [item for item in row[:length] if item != 0]
-        rows.append([0] * (n - len(items)) + items)
     laid = batch[torch.arange(len(lengths))]
     laid.update(
         type(batch)(
             {
-                model.ITEM_SEQ: torch.tensor(rows, dtype=item_seq.dtype),
-                model.ITEM_SEQ_LEN: torch.full_like(lengths, n),
+                model.ITEM_SEQ: authors_left_padded(item_seq, lengths),
+                model.ITEM_SEQ_LEN: torch.full_like(lengths, item_seq.size(1)),
             }
         )
     )

@@ -101,8 +101,8 @@ def component_options(config, registry, name) -> dict:
 class TransformerRecommender(SequentialRecommender):
     """Embedding (BSARec eq. 4) -> configurable Transformer encoder -> dot-product scores.
 
-    Scores follow BSARec eq. 10 (``e_v^T X^L`` at the position of the newest item); the loss is cross-entropy over all items (eq. 11) or BPR
-    with sampled negatives, as in RecBole's SASRec.  Subclasses choose the token mixer
+    Scores follow BSARec eq. 10 (``e_v^T X^L`` at the position of the newest item); the
+    loss is cross-entropy over all items (eq. 11) or BPR with sampled negatives, as in RecBole's SASRec.  Subclasses choose the token mixer
     and add their own encoder settings in ``encoder_settings``.
 
     ``time_intervals: True`` gives every attention layer TiSASRec's position and

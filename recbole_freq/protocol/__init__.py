@@ -75,13 +75,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from recbole_freq.model.layers import SEQUENCE_LAYOUTS
+
 PIECES = {
     "history_mask": ("none", "zero", "exclude"),
     "train_rows": ("all_prefixes", "window", "last_n_all_positions"),
     "train_loss": ("model", "bce"),
     "eval_negatives": ("target_only", "unseen"),
     "stopping_rule": ("recbole", "strict"),
-    "sequence_layout": ("right", "left"),
+    "sequence_layout": SEQUENCE_LAYOUTS,
 }
 # The pieces that change the loaders (stopping_rule acts in the trainer, sequence_layout
 # in the model).
