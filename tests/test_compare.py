@@ -428,3 +428,50 @@ def test_per_user_significance_against_the_best_baseline(small_config, tmp_path)
         assert bsarec[f"{metric}_p_wilcoxon_users"] == pytest.approx(expected[metric])
     assert "p (Wilcoxon, users, holm) BSARec" in result["markdown"]
     assert "Holm-corrected" in result["markdown"]
+
+
+def test_published_figures_sit_beside_a_table_of_their_protocol_only():
+    """``properties/reference/`` figures (the paper, the authors' code run here) are shown
+    for a table of exactly their protocol, model pieces aside, and each row says how far
+    ours is from them."""
+    from recbole_freq.compare.tables import published_figures, published_section
+
+    figures = published_figures("lastfm", ["bsarec", "bsarec+train_loss=bce"])
+    assert [figure["name"] for figure in figures] == ["paper", "authors' code here"]
+    assert published_figures("lastfm", ["bsarec+sequence_layout=right"]) == []
+    assert published_figures("lastfm", ["bsarec", "recbole"]) == []
+    assert published_figures("tiny", ["bsarec"]) == []
+    metrics = ["hit@10", "hit@20"]
+    rows = [
+        {"model": "SASRec", "hit@10_mean": 0.0633, "hit@20_mean": 0.1},
+        {"model": "Unpublished", "hit@10_mean": 0.5, "hit@20_mean": 0.5},
+    ]
+    section = published_section(rows, metrics, figures, seeds=[1, 2])
+    lines = section.splitlines()
+    assert "| SASRec (paper) | 0.0633 | 0.0927 |" in lines
+    assert "| difference from paper | +0.0% | +7.9% |" in lines
+    assert "| SASRec (authors' code here) | n/a | 0.0853 |" in lines
+    assert "| difference from authors' code here |  | +17.2% |" in lines
+    assert "Unpublished" not in section and "mean of 2 seeds" in section
+    assert published_section(rows[1:], metrics, figures, seeds=[1]) == ""
+
+
+def test_every_reference_file_holds_plain_figures():
+    import yaml
+
+    from recbole_freq.config import properties_dir
+    from recbole_freq.protocol import protocol_names
+
+    files = sorted((properties_dir() / "reference").glob("*.yaml"))
+    assert files
+    for path in files:
+        for protocol, figures in yaml.safe_load(path.read_text()).items():
+            assert protocol in protocol_names(), path
+            assert len({figure["name"] for figure in figures}) == len(figures)
+            for figure in figures:
+                assert figure["source"]
+                for model, values in figure["rows"].items():
+                    assert set(values) <= {
+                        f"{m}@{k}" for m in ("hit", "ndcg") for k in (5, 10, 20)
+                    }, (path, model)
+                    assert all(0.0 < value < 1.0 for value in values.values()), (path, model)

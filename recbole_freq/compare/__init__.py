@@ -49,6 +49,8 @@ from recbole_freq.compare.tables import (
     paired_p_value,
     protocol_note,
     protocol_side_by_side,
+    published_figures,
+    published_section,
     runs_csv_text,
     save_plot,
     summarise,
@@ -304,7 +306,11 @@ def compare(
         rows += group_rows
         note = protocol_note(configs[protocol], sorted(set(labels.values())))
         note += builtin_settings_note(records, group, seeds)
-        sections.append(markdown_table(group_rows, metrics, dataset, seeds, note, correction))
+        figures = published_figures(dataset, labels.values())
+        sections.append(
+            markdown_table(group_rows, metrics, dataset, seeds, note, correction)
+            + published_section(group_rows, metrics, figures, seeds)
+        )
     if protocols:
         sections = [
             f"## Protocol {protocol}\n\n{section}" for protocol, section in zip(protocols, sections)

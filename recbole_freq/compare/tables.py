@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from recbole_freq.compare.runs import (
     DEFAULT_EXTRA_MODE_METRICS,
@@ -383,6 +384,58 @@ def markdown_table(rows, metrics, dataset, seeds, protocol: str = "", correction
     if protocol:
         notes.append(protocol)
     return "\n".join(lines + notes) + "\n"
+
+
+def published_figures(dataset: str, labels) -> list[dict]:
+    """The figures of ``properties/reference/<dataset>.yaml`` for a table whose runs carry
+    ``labels``: ``[{"source": ..., "rows": {model: {metric: value}}}]`` (a paper's table,
+    the authors' code run here), or none when the runs' protocol (model pieces aside) is
+    not the one the figures were made under.  Read with ``yaml.safe_load``: plain data."""
+    from recbole_freq.config import properties_dir
+
+    protocols = {comparable_label(label) for label in labels}
+    path = properties_dir() / "reference" / f"{dataset}.yaml"
+    if len(protocols) != 1 or "/" in str(dataset) or not path.is_file():
+        return []
+    figures = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return figures.get(protocols.pop(), [])
+
+
+def published_section(rows, metrics, figures: list[dict], seeds) -> str:
+    """Each model's mean, then each published figure for it (one row per source, named by
+    its ``name``) and our relative difference from it; empty when no figure names a model
+    of the table."""
+    lines = []
+    for row in rows:
+        sources = [figure for figure in figures if figure["rows"].get(row["model"])]
+        if not sources:
+            continue
+        ours = [row[f"{metric}_mean"] for metric in metrics]
+        lines.append(f"| {row['model']} (ours) | " + " | ".join(f"{v:.4f}" for v in ours) + " |")
+        for figure in sources:
+            given = [figure["rows"][row["model"]].get(metric) for metric in metrics]
+            lines.append(
+                f"| {row['model']} ({figure['name']}) | "
+                + " | ".join("n/a" if v is None else f"{v:.4f}" for v in given)
+                + " |"
+            )
+            lines.append(
+                f"| difference from {figure['name']} | "
+                + " | ".join(
+                    "" if v is None else f"{(o - v) / v:+.1%}" for o, v in zip(ours, given)
+                )
+                + " |"
+            )
+    if not lines:
+        return ""
+    header = ["| Model | " + " | ".join(metrics) + " |", "|" + "---|" * (len(metrics) + 1)]
+    count = f"mean of {len(seeds)} seeds" if len(seeds) > 1 else f"seed {seeds[0]}"
+    named = "; ".join(f"{figure['name']}: {figure['source']}" for figure in figures)
+    note = (
+        f"Beside the published figures for this protocol (properties/reference/; ours: "
+        f"{count}; difference: ours relative to the figure). {named}."
+    )
+    return "\n" + note + "\n\n" + "\n".join(header + lines) + "\n"
 
 
 def _describe_references(references: dict) -> str:
