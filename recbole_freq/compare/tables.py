@@ -388,7 +388,7 @@ def markdown_table(rows, metrics, dataset, seeds, protocol: str = "", correction
 
 def published_figures(dataset: str, labels) -> list[dict]:
     """The figures of ``properties/reference/<dataset>.yaml`` for a table whose runs carry
-    ``labels``: ``[{"source": ..., "rows": {model: {metric: value}}}]`` (a paper's table,
+    ``labels``: ``[{"name", "source", "rows": {model: {metric: value}}}]`` (a paper's table,
     the authors' code run here), or none when the runs' protocol (model pieces aside) is
     not the one the figures were made under.  Read with ``yaml.safe_load``: plain data."""
     from recbole_freq.config import properties_dir
