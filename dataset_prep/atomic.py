@@ -11,25 +11,25 @@ import contextlib
 import os
 import re
 import secrets
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from .errors import UsageError
 
-# .<name>.<pid>-<random>.tmp: the process that owns a temporary file is in its name, so a
-# later run can tell the leftovers of a killed process from a live one's work.
-_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)-[0-9a-f]{16}\.tmp$")
-# Names used before the pid was part of them (.<name>.<12 hex>.tmp).
-_OLD_TEMPORARY = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
-OLD_TEMPORARY_AGE = 3600.0
+# .<name>.recbole-freq.<pid>-<random>.tmp: the marker says the file is ours (nothing is
+# removed that another program may have named alike) and the process that owns it is in
+# its name, so a later run can tell the leftovers of a killed process from a live one's.
+TEMPORARY_MARKER = "recbole-freq"
+_TEMPORARY = re.compile(rf"^\.(?P<name>.+)\.{TEMPORARY_MARKER}\.(?P<pid>\d+)-[0-9a-f]{{16}}\.tmp$")
 
 
 def temporary_name(target: Path) -> Path:
-    """``.<name>.<pid>-<random>.tmp`` beside ``target``: unpredictable (nobody can plant a
-    link there in advance) and naming its owner process."""
-    return target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(8)}.tmp")
+    """``.<name>.recbole-freq.<pid>-<random>.tmp`` beside ``target``: unpredictable
+    (nobody can plant a link there in advance), marked as ours and naming its owner
+    process."""
+    token = secrets.token_hex(8)
+    return target.with_name(f".{target.name}.{TEMPORARY_MARKER}.{os.getpid()}-{token}.tmp")
 
 
 def _process_alive(pid: int) -> bool:
@@ -45,27 +45,20 @@ def _process_alive(pid: int) -> bool:
 
 
 def remove_stale_temporaries(directory: Path | str) -> list[str]:
-    """Remove the temporary files that killed processes left in ``directory`` (only
-    names of our own pattern: a live process's temporary files are left alone).
-    Returns the names removed."""
+    """Remove the temporary files that killed processes left in ``directory``: only
+    names with our marker (``temporary_name``) whose process is gone; a live process's
+    temporary files and every other program's files are left alone.  Returns the names
+    removed."""
     removed = []
     try:
         entries = list(os.scandir(directory))
     except OSError:
         return removed
-    now = time.time()
     for entry in entries:
         match = _TEMPORARY.match(entry.name)
-        if match:
-            stale = not _process_alive(int(match["pid"]))
-        elif _OLD_TEMPORARY.match(entry.name):
-            try:
-                stale = now - entry.stat(follow_symlinks=False).st_mtime > OLD_TEMPORARY_AGE
-            except OSError:
-                continue
-        else:
+        if match is None or _process_alive(int(match["pid"])):
             continue
-        if stale and not entry.is_dir(follow_symlinks=False):
+        if not entry.is_dir(follow_symlinks=False):
             with contextlib.suppress(OSError):
                 os.unlink(entry.path)
                 removed.append(entry.name)

@@ -23,6 +23,7 @@ import hashlib
 import http.client
 import os
 import shutil
+import stat
 import urllib.error
 import urllib.request
 import zipfile
@@ -162,9 +163,46 @@ def _check_existing(target: Path, source: Source) -> None:
         )
 
 
+def _own_part(part: Path):
+    """``os.stat_result`` of the partial file ``part`` if it is one this package could
+    have written (a regular file of the current user with no other name), ``None`` if
+    there is none; ``DownloadError`` for anything else: a link planted there would make
+    the download (or extraction) write into the file it points to."""
+    try:
+        info = part.lstat()
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_uid != os.geteuid():
+        raise DownloadError(
+            f"{part} is not a partial download of this program (a link, a special file or "
+            "another user's file); nothing was written to it: remove it and run the command "
+            "again"
+        )
+    return info
+
+
+def _open_part(part: Path, append: bool):
+    """``part`` opened for writing without following a link: appended to if ``append``
+    (a resumed transfer, after ``_own_part`` accepted it), else created anew, exclusively
+    (a leftover of ours is removed first)."""
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    if append:
+        fd = os.open(part, os.O_WRONLY | os.O_APPEND | nofollow)
+    else:
+        if _own_part(part) is not None:
+            part.unlink()
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | nofollow, 0o644)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:  # swapped since it was checked
+        os.close(fd)
+        raise DownloadError(f"{part} was replaced while it was opened; run the command again")
+    return os.fdopen(fd, "ab" if append else "wb")
+
+
 def _download(url: str, target: Path, source: Source, show_progress: bool) -> None:
     part = target.with_name(target.name + ".part")
-    offset = part.stat().st_size if part.exists() else 0
+    existing = _own_part(part)
+    offset = existing.st_size if existing is not None else 0
     headers = {"User-Agent": "recbole-freq dataset_prep"}
     if offset:
         headers["Range"] = f"bytes={offset}-"
@@ -204,7 +242,7 @@ def _receive(response, part: Path, offset: int, url: str, show_progress: bool) -
     received = offset
     progress = _progress(total, offset, part.name, show_progress)
     try:
-        with open(part, "ab" if offset else "wb") as out:
+        with _open_part(part, append=bool(offset)) as out:
             try:
                 while True:
                     block = response.read(BLOCK)
@@ -265,7 +303,7 @@ def _extract(archive: Path, member: str, folder: Path) -> Path:
                     )
                 return target
             part = target.with_name(target.name + ".part")
-            with opened.open(info) as data, open(part, "wb") as out:
+            with opened.open(info) as data, _open_part(part, append=False) as out:
                 shutil.copyfileobj(data, out, BLOCK)
                 out.flush()
                 os.fsync(out.fileno())

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 # One naming and clean-up rule for every temporary file of the project (dataset_prep's
-# too): .<name>.<pid>-<random>.tmp, and a killed process's leftovers are removed.
+# too): .<name>.recbole-freq.<pid>-<random>.tmp, and a killed process's leftovers (that
+# name, a process that is gone) are removed.
 from dataset_prep.atomic import remove_stale_temporaries, temporary_name
 
 __all__ = [
@@ -120,6 +121,7 @@ def write_atomic(
     target = Path(path)
     if target.is_dir():
         raise OutputPathError(f"cannot write {target}: it is a folder; name a file instead")
+    _refuse_special_file(target, "cannot write")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -172,11 +174,41 @@ def check_writable(folder: str | os.PathLike, what: str) -> Path:
     return folder
 
 
+def _refuse_special_file(target: Path, what: str) -> None:
+    """``OutputPathError`` if ``target`` exists as anything but a regular file: a device,
+    a pipe or a link (to ``/proc/self/fd/1`` ...) would be replaced by a regular file."""
+    import stat
+
+    try:
+        mode = target.lstat().st_mode
+    except OSError:
+        return
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return
+    kind = (
+        "a symbolic link"
+        if stat.S_ISLNK(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "a pipe"
+        if stat.S_ISFIFO(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "not a regular file"
+    )
+    raise OutputPathError(
+        f"{what} {target}: it is {kind}, which writing would replace with a regular file; "
+        "name a regular file or a new one (stdout is the default where there is one)"
+    )
+
+
 def check_output_file(path: str | os.PathLike, what: str) -> Path:
-    """``path`` can be written as a file: not a folder, and its folder writable."""
+    """``path`` can be written as a file: not a folder, not a special file (a device, a
+    pipe, a link), and its folder writable."""
     target = Path(path)
     if target.is_dir():
         raise OutputPathError(f"{what} {target} is a folder; name a file to write instead")
+    _refuse_special_file(target, what)
     check_writable(target.parent, f"the folder of {what}")
     return target
 

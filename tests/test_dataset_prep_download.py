@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import random
 import threading
 import zipfile
@@ -222,3 +223,49 @@ def test_a_mirror_serves_the_same_bytes(tmp_path, server, monkeypatch):
     argv = ["lastfm", "--download", "--source", "one-line", "--out", str(out), "--quiet"]
     assert main([*argv, "--no-check", "--url", server.url("mirror/LastFM.txt")]) == 0
     assert server.requests == [("mirror/LastFM.txt", None)]
+
+
+def test_a_link_planted_at_the_part_file_is_never_written_through(
+    tmp_path, server, monkeypatch, capsys
+):
+    data = one_line_fixture(tmp_path)
+    publish(monkeypatch, server, "lastfm", ONE_LINE_SOURCE, "LastFM.txt", data, "one-line")
+    out = tmp_path / "dataset"
+    (out / "downloads").mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    part = out / "downloads" / "LastFM.txt.part"
+    part.symlink_to(victim)  # a resumed download would append to it
+    command = ["lastfm", "--download", "--source=one-line", f"--out={out}", "--quiet", "--no-check"]
+    assert main(command) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a partial download of this program" in err
+    assert victim.read_bytes() == b"precious" and server.requests == []
+    part.unlink()
+    os.link(victim, part)  # a second name of another file: the same
+    assert main(command) == 1
+    assert victim.read_bytes() == b"precious"
+
+
+def test_a_link_planted_at_the_extracted_part_file_is_never_written_through(
+    tmp_path, server, monkeypatch, capsys
+):
+    archive, dat = lastfm_archive()
+    publish(
+        monkeypatch, server, "lastfm", RAW, "hetrec2011-lastfm-2k.zip", archive,
+        "lastfm-hetrec", member="user_taggedartists-timestamps.dat",
+    )  # fmt: skip
+    out = tmp_path / "dataset"
+    (out / "downloads").mkdir(parents=True)
+    (out / "downloads" / "hetrec2011-lastfm-2k.zip").write_bytes(archive)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    (out / "downloads" / "user_taggedartists-timestamps.dat.part").symlink_to(victim)
+    assert main(["lastfm", "--download", "--out", str(out), "--quiet", "--no-check"]) == 1
+    assert "is not a partial download of this program" in capsys.readouterr().err
+    assert victim.read_bytes() == b"precious"
+    # A leftover of a killed extraction (a regular file of ours) is simply replaced.
+    (out / "downloads" / "user_taggedartists-timestamps.dat.part").unlink()
+    (out / "downloads" / "user_taggedartists-timestamps.dat.part").write_bytes(b"half")
+    assert main(["lastfm", "--download", "--out", str(out), "--quiet", "--no-check"]) == 0
+    assert (out / "downloads" / "user_taggedartists-timestamps.dat").read_bytes() == dat

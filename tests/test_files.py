@@ -239,7 +239,7 @@ def test_leftovers_of_a_killed_preparation_are_removed_by_the_next(tmp_path):
     # A live process's temporary file is not touched.
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        live = target / f".tiny.item.{sleeper.pid}-{'ab' * 8}.tmp"
+        live = target / f".tiny.item.recbole-freq.{sleeper.pid}-{'ab' * 8}.tmp"
         live.write_bytes(b"in progress")
         convert_one_line(write_sequences(tmp_path / "tiny.txt"), tmp_path / "data", "tiny")
         names = sorted(p.name for p in target.iterdir())
@@ -251,19 +251,20 @@ def test_leftovers_of_a_killed_preparation_are_removed_by_the_next(tmp_path):
 
 
 def test_output_folders_are_cleaned_of_a_killed_runs_temporaries(tmp_path):
-    stale = tmp_path / ".model.pth.999999999-0123456789abcdef.tmp"
+    stale = tmp_path / ".model.pth.recbole-freq.999999999-0123456789abcdef.tmp"
     stale.write_bytes(b"half a checkpoint")
-    old_style = tmp_path / ".model.pth.0123456789ab.tmp"
-    old_style.write_bytes(b"older leftover")
-    os.utime(old_style, (0, 0))
-    fresh_old_style = tmp_path / ".other.pth.0123456789ab.tmp"
-    fresh_old_style.write_bytes(b"maybe in progress")
-    user_file = tmp_path / ".notes.tmp"
-    user_file.write_text("mine")
+    # Other programs' temporary files, however old, whatever their pattern: never ours.
+    others = [
+        ".notes.0123456789ab.tmp",
+        ".draft.99999-0123456789abcdef.tmp",
+        ".model.pth.999999999-0123456789abcdef.tmp",
+        ".notes.tmp",
+    ]
+    for name in others:
+        (tmp_path / name).write_text("theirs")
+        os.utime(tmp_path / name, (0, 0))  # two hours old and more
     check_writable(tmp_path, "checkpoint_dir")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [fresh_old_style.name, user_file.name]
-    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(others)
 
 
 def test_two_preparations_of_one_dataset_never_interleave(tmp_path):
