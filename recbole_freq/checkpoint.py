@@ -2,22 +2,25 @@
 
 A RecBole checkpoint (``Trainer._save_checkpoint``) is ``torch.save`` of a dict with
 ``config`` (the run's ``recbole.config.Config``), ``epoch``, ``cur_step``,
-``best_valid_score``, ``state_dict``, ``other_parameter`` and ``optimizer``.  The config
-is a pickled Python object, so the full pickle loader would execute whatever a crafted
-file asks for.
+``best_valid_score``, ``state_dict``, ``other_parameter`` and ``optimizer``.
 
-torch's own ``weights_only=True`` unpickler cannot read these files at all: RecBole saves
-with ``pickle_protocol=4``, whose opcodes (``FRAME``, ``MEMOIZE``, ``STACK_GLOBAL``,
-``SHORT_BINUNICODE``) torch 2.x's weights-only unpickler rejects ("Unsupported operand
-149").  ``load_checkpoint`` therefore gives ``torch.load`` (its documented
-``pickle_module`` hook, so tensors and storages are still read by torch) a restricted
-unpickler built on the same principle: a global is resolved only if it is on an explicit
-allowlist, and only the harmless ones among them may be *called* (``REDUCE`` /
-``NEWOBJ``).  The allowlist is exactly what RecBole checkpoints hold:
+The plugin writes it as plain data (``recbole_freq.checkpoint_schema``: the config as
+its attributes, enums and classes by name, pickle protocol 2), which torch's own
+``weights_only=True`` loader reads: a file whose pickle names only globals of torch's
+weights-only allowlist is loaded by torch alone.
+
+RecBole's own form pickles the ``Config`` object, so the full pickle loader would execute
+whatever a crafted file asks for, and torch's weights-only loader cannot read it
+(protocol 4, and a ``Config``).  Such a file is given to ``torch.load`` with a
+restricted unpickler (``recbole_freq.safe_pickle``, through torch's documented
+``pickle_module`` hook, so tensors and storages are still read by torch): a global is
+resolved only if it is on an explicit allowlist, only the harmless ones among them may
+be *called* (``REDUCE`` / ``NEWOBJ``), and a call may be handed no class, function or
+``Config`` that is not itself callable (torch's ``_rebuild_from_type_v2`` calls its first
+argument).  The allowlist is exactly what RecBole checkpoints hold:
 
 - the globals torch's weights-only unpickler allows itself (tensor rebuild functions,
   dtypes, storages, ``OrderedDict``, ``torch.device``, ...), callable;
-
 - RecBole's enums (``ModelType``, ``InputType``, ``EvaluatorType``, ...), numpy scalars
   and dtypes, callable (value look-ups);
 - the ``Config`` classes (RecBole's and ``FreqConfig``): only rebuilt as ``NEWOBJ`` (plain
@@ -25,6 +28,9 @@ allowlist, and only the harmless ones among them may be *called* (``REDUCE`` /
 - as plain references, never called: the yaml loader class the config keeps, and the
   model class stored in ``config["model_class"]``, accepted only if it is a recommender
   class defined in ``recbole.model`` or ``recbole_freq.model`` (installed code).
+
+Whichever loader read it, every value is then checked against the shape its writer gives
+it (``checkpoint_schema.checked``), and the config is rebuilt from plain values.
 
 Before anything is unpickled, the file's pickle stream is scanned (parsed, not run) for
 the globals it names; a checkpoint naming anything else is refused with
@@ -44,12 +50,13 @@ import os
 import zipfile
 from pathlib import Path
 
+from recbole_freq.checkpoint_schema import CheckpointError, checked
 from recbole_freq.compat import UntrustedCheckpointError
 from recbole_freq.safe_pickle import (
-    CheckpointError,
     allowed_globals,
     pickled_globals,
     restricted_pickle_module,
+    torch_weights_only_globals,
 )
 
 __all__ = [
@@ -63,8 +70,6 @@ __all__ = [
     "pickled_globals",
     "allowed_globals",
 ]
-
-CHECKPOINT_KEYS = ("config", "state_dict")
 
 
 def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
@@ -83,30 +88,23 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
             "checkpoint_dir, saved/ by default)"
         )
     verify_archive(path)
-    # First refusal point: the globals the stream names, found without unpickling.
-    restricted = restricted_pickle_module(allowed_globals(pickled_globals(path)))
+    names = pickled_globals(path)
+    if all(f"{module}.{name}" in torch_weights_only_globals() for module, name in names):
+        # The plugin's plain form: torch's own weights-only loader, nothing of ours.
+        loader = {"weights_only": True}
+    else:
+        # RecBole's own form (a pickled Config): the restricted unpickler, whose first
+        # refusal point is the globals the stream names, found without unpickling.
+        loader = {"pickle_module": restricted_pickle_module(allowed_globals(names))}
+        loader["weights_only"] = False  # only because a pickle_module is given
     try:
-        # weights_only=False only because a pickle_module is given: every global, call
-        # and instantiation goes through the restricted unpickler.
-        checkpoint = torch.load(
-            path, map_location=map_location, pickle_module=restricted, weights_only=False
-        )
+        raw = torch.load(path, map_location=map_location, **loader)
     except UntrustedCheckpointError:
         raise
     except Exception as error:
         raise CheckpointError(f"cannot read checkpoint {str(path)!r}: {error}") from error
-    from recbole.config import Config
-
-    if not isinstance(checkpoint, dict) or any(k not in checkpoint for k in CHECKPOINT_KEYS):
-        raise CheckpointError(
-            f"{str(path)!r} is not a RecBole checkpoint: expected a dict with "
-            f"{list(CHECKPOINT_KEYS)}"
-        )
-    if not isinstance(checkpoint["config"], Config):
-        raise CheckpointError(f"{str(path)!r}: its 'config' is not a RecBole Config")
+    checkpoint = checked(raw, path)
     state = checkpoint["state_dict"]
-    if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
-        raise CheckpointError(f"{str(path)!r}: its 'state_dict' does not hold only tensors")
     broken = [
         name
         for name, value in state.items()
@@ -235,12 +233,20 @@ def _check_sizes_before_building(config, state: dict, path) -> None:
                     f"MAX_ITEM_LIST_LENGTH={length!r} but {name} has {tensor.shape[0]} positions"
                 )
         if name.endswith("item_embedding.weight") and tensor.dim() == 2:
-            hidden = config["hidden_size"] or config["embedding_size"]
+            # Items are embedded at hidden_size (SASRec and the plugin's models) or at
+            # embedding_size (GRU4Rec, NARM, Caser, STAMP ...: their hidden_size sizes
+            # the recurrent or convolutional state).
+            sizes = {
+                key: config[key]
+                for key in ("hidden_size", "embedding_size")
+                if config[key] is not None
+            }
             # SSE-PT's input: item and user embeddings side by side fill the hidden size
             user = state.get(name.replace("item_embedding", "user_embedding"))
             width = tensor.shape[1] + (user.shape[1] if user is not None and user.dim() == 2 else 0)
-            if hidden is not None and hidden != width:
-                problems.append(f"hidden_size={hidden!r} but {name} is {tuple(tensor.shape)}")
+            if sizes and width not in sizes.values() and tensor.shape[1] not in sizes.values():
+                named = ", ".join(f"{key}={value!r}" for key, value in sizes.items())
+                problems.append(f"{named} but {name} is {tuple(tensor.shape)}")
     if problems:
         raise CheckpointMismatchError(
             f"checkpoint {str(path)!r}: its config does not fit its own weights "

@@ -148,12 +148,27 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
     Tests: ``test_compat.test_a_run_leaves_its_tensorboard_scalars_on_disk_and_no_writer_open``,
     ``test_an_evaluation_opens_no_tensorboard_writer``.
 
+18. RecBole reads setting values with ``eval()``: ``Config._convert_config_dict`` evaluates
+    every string of the command line and of ``config_dict`` (which also carries a hyper
+    file's choices into a trial and a stored run's settings into a re-run),
+    ``HyperTuning`` evaluates a hyper file's ``choice`` lists, and KD_DAGFM evaluates its
+    ``teacher`` setting.  A value such as ``__import__('os').system(...) or 0.001`` ran
+    its code.  Each now reads Python literals only (``ast.literal_eval``: numbers,
+    strings, lists, tuples, dicts, booleans, ``None``), with RecBole's own fallbacks
+    (``true``/``false`` in any case are booleans, anything else stays the string it
+    was); KD_DAGFM's ``teacher`` must name one of that module's network classes.
+    Expressions (``2**10``, ``float('inf')``) are no longer computed: they stay strings,
+    which the plugin's type checks then refuse in one line.  No RecBole issue found.
+    Tests: ``test_compat.test_setting_values_are_read_as_literals_only``,
+    ``test_untrusted_files.test_*_runs_no_code_from_a_setting``.
+
 ``apply()`` is idempotent and runs when ``recbole_freq`` is imported, after
 ``require_recbole()``.
 """
 
 from __future__ import annotations
 
+import ast
 import copy
 import functools
 import importlib.abc
@@ -267,9 +282,17 @@ def _restricted_load(f, map_location=None, **_ignored):
 
 
 def _atomic_save(obj, f, *args, **kwargs):
-    """``torch.save`` for RecBole's modules: whole or not at all (``recbole_freq.files``)."""
+    """``torch.save`` for RecBole's modules: whole or not at all (``recbole_freq.files``),
+    and a checkpoint (a dict with the run's ``Config``) in the plain form that torch's
+    weights-only loader reads (``recbole_freq.checkpoint_schema``)."""
     import torch
+    from recbole.config import Config
 
+    if isinstance(obj, dict) and isinstance(obj.get("config"), Config):
+        from recbole_freq.checkpoint_schema import to_plain_checkpoint
+
+        obj, args = to_plain_checkpoint(obj), ()
+        kwargs.pop("pickle_protocol", None)  # RecBole's 4; the weights-only loader reads 2
     if not isinstance(f, (str, os.PathLike)):
         return torch.save(obj, f, *args, **kwargs)
     from recbole_freq.files import write_atomic
@@ -761,6 +784,57 @@ def _guard_recboles_quick_start() -> None:
     when_imported("recbole.quick_start.quick_start", _patch_recbole_quick_start)
 
 
+def literal_setting(text: str):
+    """A setting's value from its text as ``Config._convert_config_dict`` reads it, but
+    for literals only (fix 18): ``"1e-3"`` -> 0.001, ``"[64, 64]"`` -> a list,
+    ``"True"``/``"true"`` -> True, ``"None"`` -> None; any other text stays a string."""
+    try:
+        value = ast.literal_eval(text.strip())
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        lowered = text.lower()
+        return True if lowered == "true" else False if lowered == "false" else text
+    if value is not None and not isinstance(value, (str, int, float, list, tuple, dict, bool)):
+        return text  # a set, complex number or bytes: RecBole keeps those as the text too
+    return value
+
+
+def _convert_config_dict(self, config_dict):
+    """``Config._convert_config_dict`` without ``eval()`` (fix 18)."""
+    for key, value in config_dict.items():
+        if isinstance(value, str):
+            config_dict[key] = literal_setting(value)
+    return config_dict
+
+
+def _module_class_by_name(module):
+    """A stand-in for ``eval`` in ``module`` that only looks up one of its network classes."""
+    import torch
+
+    def lookup(text):
+        found = module.__dict__.get(str(text).strip()) if str(text).strip().isidentifier() else None
+        if not (isinstance(found, type) and issubclass(found, torch.nn.Module)):
+            raise ValueError(f"{text!r} does not name a network class of {module.__name__}")
+        return found
+
+    return lookup
+
+
+def _read_settings_as_literals() -> None:
+    from recbole.config import Config
+
+    if getattr(Config._convert_config_dict, "__wrapped__", None) is None:
+        _convert_config_dict.__wrapped__ = Config._convert_config_dict
+        Config._convert_config_dict = _convert_config_dict
+    # Module globals shadow the builtin: each module's eval reads literals or class names.
+    when_imported(
+        "recbole.trainer.hyper_tuning", lambda module: setattr(module, "eval", literal_setting)
+    )
+    when_imported(
+        "recbole.model.context_aware_recommender.kd_dagfm",
+        lambda module: setattr(module, "eval", _module_class_by_name(module)),
+    )
+
+
 def apply() -> None:
     """Install every fix once; safe to call repeatedly."""
     global _applied
@@ -780,4 +854,5 @@ def apply() -> None:
     _data_parallel_without_cuda()
     _open_tensorboard_late_and_close_it_after_fit()
     _guard_recboles_quick_start()
+    _read_settings_as_literals()
     _applied = True

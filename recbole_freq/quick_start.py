@@ -50,6 +50,7 @@ from recbole_freq.protocol import (
 from recbole_freq.resume import (
     ResumeError,
     apply_resume_state,
+    checkpoint_file_for,
     load_resume_state,
     resume_file_for,
     save_resume_state,
@@ -189,11 +190,23 @@ def resume_run(path) -> dict:
     state = load_resume_state(path)
     config = state["config"]
     _drop_pickled_cache_settings(config, path)
-    return run_config(config, saved=True, resume_file=path, state=state)
+    # Outputs go beside the resume file, as the interrupted run wrote them: never where
+    # the file's content (its config's checkpoint_dir) points.
+    config["checkpoint_dir"] = str(Path(path).resolve().parent)
+    return run_config(
+        config,
+        saved=True,
+        resume_file=path,
+        state=state,
+        checkpoint_file=str(checkpoint_file_for(Path(path).resolve())),
+    )
 
 
-def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict:
-    """``run`` on a built configuration."""
+def run_config(
+    config, saved: bool = True, resume_file=None, state=None, checkpoint_file=None
+) -> dict:
+    """``run`` on a built configuration; ``checkpoint_file``: where its checkpoint goes
+    (a new name in ``checkpoint_dir`` by default)."""
     start = time.perf_counter()
     check_run_settings(config)
     check_prepared(config)
@@ -219,7 +232,7 @@ def run_config(config, saved: bool = True, resume_file=None, state=None) -> dict
     logger.info(model_instance)
     log_flops(config, model_instance, recbole_dataset, logger)
     trainer = protocol_trainer(config, model_instance)
-    trainer.saved_model_file = unique_checkpoint_path(config)
+    trainer.saved_model_file = checkpoint_file or unique_checkpoint_path(config)
     recorder = TrainingRecorder(trainer)
     loaders = (train_data, valid_data, test_data)
     parallel = is_data_parallel(config)

@@ -38,6 +38,13 @@ def resume_file_for(checkpoint_file: str | os.PathLike) -> Path:
     return Path(checkpoint_file).with_suffix(RESUME_SUFFIX)
 
 
+def checkpoint_file_for(resume_file: str | os.PathLike) -> Path:
+    """``saved/X.resume.pth`` -> ``saved/X.pth``: where ``--resume`` writes the run's
+    checkpoint, whatever the file's content says."""
+    path = Path(resume_file)
+    return path.with_name(path.name.removesuffix(RESUME_SUFFIX) + ".pth")
+
+
 def _rng_state() -> dict:
     keys, position, has_gauss, cached = np.random.get_state()[1:]
     python_state = random.getstate()
@@ -71,6 +78,7 @@ def _set_rng_state(state: dict) -> None:
 
 def save_resume_state(path, trainer, recorder, loaders, next_epoch: int) -> None:
     """Write the state before epoch ``next_epoch`` (all earlier epochs complete)."""
+    from recbole_freq.checkpoint_schema import to_plain_checkpoint
     from recbole_freq.compat import saved_state
     from recbole_freq.files import write_atomic
 
@@ -84,16 +92,14 @@ def save_resume_state(path, trainer, recorder, loaders, next_epoch: int) -> None
         "cur_step": trainer.cur_step,
         "best_valid_score": trainer.best_valid_score,
         "best_valid_result": dict(trainer.best_valid_result or {}),
-        "best_state": None
-        if best is None
-        else {"file": best["file"], "state_dict": best["state_dict"]},
-        "checkpoint_file": str(trainer.saved_model_file),
+        "best_state": None if best is None else {"state_dict": best["state_dict"]},
         "history": recorder.epochs,
         "train_seconds": recorder.train_seconds,
         "rng": _rng_state(),
         "loader_generators": [loader.generator.get_state() for loader in loaders],
     }
-    write_atomic(path, lambda handle: torch.save(state, handle, pickle_protocol=4))
+    plain = to_plain_checkpoint(state)  # read back by torch's weights-only loader
+    write_atomic(path, lambda handle: torch.save(plain, handle))
 
 
 def load_resume_state(path) -> dict:
@@ -111,28 +117,21 @@ def load_resume_state(path) -> dict:
 
 def apply_resume_state(state: dict, trainer, recorder, loaders) -> None:
     """Put ``trainer``, ``recorder`` and the loaders where the saved run stood; the random
-    generators last, right before ``fit`` continues."""
-    from recbole_freq.compat import _BEST_IN_MEMORY
+    generators last, right before ``fit`` continues.
 
-    device = trainer.device
+    The trainer keeps the checkpoint file its caller chose (``trainer.saved_model_file``,
+    from the run's configuration or the resume file's location): a resume state names
+    no file to write, so a forged one cannot direct the run's output anywhere.  The best
+    weights so far are written there at once, so that the checkpoint the run's summary
+    names exists even if no later epoch improves on them."""
     trainer.model.load_state_dict(state["state_dict"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.start_epoch = state["next_epoch"]
     trainer.cur_step = state["cur_step"]
     trainer.best_valid_score = state["best_valid_score"]
     trainer.best_valid_result = state["best_valid_result"] or None
-    trainer.saved_model_file = state["checkpoint_file"]
-    best = state["best_state"]
-    if best is not None:
-        setattr(
-            trainer,
-            _BEST_IN_MEMORY,
-            {
-                "file": best["file"],
-                "state_dict": {k: v.to(device) for k, v in best["state_dict"].items()},
-                "other_parameter": trainer.model.other_parameter(),
-            },
-        )
+    if state["best_state"] is not None:
+        _save_best_so_far(trainer, state["best_state"]["state_dict"], state)
     recorder.epochs[:] = state["history"]
     recorder.train_seconds = state["train_seconds"]
     if len(loaders) != len(state["loader_generators"]):
@@ -140,6 +139,20 @@ def apply_resume_state(state: dict, trainer, recorder, loaders) -> None:
     for loader, generator_state in zip(loaders, state["loader_generators"]):
         loader.generator.set_state(generator_state)
     _set_rng_state(state["rng"])
+
+
+def _save_best_so_far(trainer, best_weights: dict, state: dict) -> None:
+    """The trainer's checkpoint of the best epoch so far (RecBole's ``_save_checkpoint``,
+    which also keeps those weights in memory for the test evaluation), written with the
+    best weights in the model for the moment it takes."""
+    model = trainer.model
+    current = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    model.load_state_dict(best_weights)
+    try:
+        # cur_step counts the epochs since the best one (RecBole's early stopping).
+        trainer._save_checkpoint(state["next_epoch"] - 1 - state["cur_step"], verbose=False)
+    finally:
+        model.load_state_dict(current)
 
 
 def settings_differences(saved_config, config) -> list[str]:

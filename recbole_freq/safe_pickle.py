@@ -14,13 +14,10 @@ import pickletools
 import types
 import zipfile
 
+from recbole_freq.checkpoint_schema import CheckpointError
 from recbole_freq.compat import UntrustedCheckpointError
 
 MODEL_PACKAGES = ("recbole.model.", "recbole_freq.model.")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, unreadable or not a RecBole checkpoint."""
 
 
 def _fixed_allowlist() -> dict[tuple[str, str], tuple[object, str]]:
@@ -63,6 +60,15 @@ def _fixed_allowlist() -> dict[tuple[str, str], tuple[object, str]]:
     for loader in (*loaders, SafeConfigLoader):
         allow[(loader.__module__, loader.__qualname__)] = (loader, "reference")
     return allow
+
+
+def torch_weights_only_globals() -> set[str]:
+    """``module.name`` of every global torch's own ``weights_only=True`` loader resolves
+    by itself (tensor rebuilding, dtypes, ``OrderedDict``, ``torch.device`` ...), not
+    counting any a program added with ``torch.serialization.add_safe_globals``."""
+    from torch._weights_only_unpickler import _get_allowed_globals
+
+    return set(_get_allowed_globals())
 
 
 def pickled_globals(path: str | os.PathLike) -> list[tuple[str, str]]:
@@ -118,7 +124,7 @@ def pickled_globals(path: str | os.PathLike) -> list[tuple[str, str]]:
     return sorted(set(found))
 
 
-def _model_class(module: str, name: str):
+def model_class(module: str, name: str):
     """The recommender class ``module.name`` if it is one of RecBole's or the plugin's."""
     if not module.startswith(MODEL_PACKAGES) or "." in name:
         return None
@@ -140,7 +146,7 @@ def allowed_globals(names) -> dict[tuple[str, str], tuple[object, str]]:
     for module, name in names:
         if (module, name) in fixed:
             allow[(module, name)] = fixed[(module, name)]
-        elif (model := _model_class(module, name)) is not None:
+        elif (model := model_class(module, name)) is not None:
             allow[(module, name)] = (model, "reference")
         else:
             refused.append(f"{module}.{name}")
@@ -164,9 +170,32 @@ def restricted_pickle_module(allow: dict) -> types.ModuleType:
     base = pickle._Unpickler
     callable_ids = {id(obj) for obj, use in allow.values() if use == "call"}
     newable_ids = callable_ids | {id(obj) for obj, use in allow.values() if use == "new"}
+    # Instances of what may only be built or referred to: never an argument of a call.
+    reference_types = tuple(obj for obj, use in allow.values() if use != "call")
 
     def refuse(what: str):
         raise UntrustedCheckpointError(f"refusing to load: the checkpoint's pickle {what}")
+
+    def check_arguments(target, arguments) -> None:
+        """A call's arguments hold plain values, tensors and callables that may be called
+        themselves, nothing else that runs: ``torch._tensor._rebuild_from_type_v2`` calls
+        its first argument, and a ``Config`` class (or instance) handed to it would run
+        RecBole's ``eval()`` of setting strings."""
+        stack, seen = [arguments], 0
+        while stack:
+            item = stack.pop()
+            seen += 1
+            if seen > 10_000:
+                refuse(f"passes {target!r} more arguments than a checkpoint ever does")
+            if isinstance(item, (list, tuple)):
+                stack.extend(item)
+            elif isinstance(item, dict):
+                stack.extend(item.keys())
+                stack.extend(item.values())
+            elif isinstance(item, reference_types) or (
+                callable(item) and id(item) not in callable_ids
+            ):
+                refuse(f"passes {item!r} to {target!r}, which may not receive it")
 
     class RestrictedUnpickler(base):
         dispatch = dict(base.dispatch)
@@ -180,16 +209,19 @@ def restricted_pickle_module(allow: dict) -> types.ModuleType:
         def load_reduce(self):
             if id(self.stack[-2]) not in callable_ids:
                 refuse(f"calls {self.stack[-2]!r}, which may not be called")
+            check_arguments(self.stack[-2], self.stack[-1])
             base.load_reduce(self)
 
         def load_newobj(self):
             if id(self.stack[-2]) not in newable_ids:
                 refuse(f"instantiates {self.stack[-2]!r}, which may not be instantiated")
+            check_arguments(self.stack[-2], self.stack[-1])
             base.load_newobj(self)
 
         def load_newobj_ex(self):
             if id(self.stack[-3]) not in newable_ids:
                 refuse(f"instantiates {self.stack[-3]!r}, which may not be instantiated")
+            check_arguments(self.stack[-3], (self.stack[-2], self.stack[-1]))
             base.load_newobj_ex(self)
 
         def load_refused(self):

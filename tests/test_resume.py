@@ -132,3 +132,30 @@ def test_ctrl_c_in_a_comparison_keeps_runs_and_resumes_the_unfinished_one(
         means = {f"{m}_mean": expected[model][f"{m}_mean"] for m in reference["metrics"]}
         assert means and all(again[model][k] == v for k, v in means.items()), model
     assert not list((out / "partial").glob("*"))
+
+
+def test_a_forged_resume_state_writes_only_beside_itself(small_config, tmp_path, monkeypatch):
+    import torch
+
+    from recbole_freq.checkpoint import load_checkpoint
+
+    interrupt_at_epoch(monkeypatch, 2)
+    with pytest.raises(RunInterrupted):
+        run("SASRec", "tiny", config_dict=dict(small_config, epochs=3))
+    monkeypatch.undo()
+    (state_file,) = Path(small_config["checkpoint_dir"]).glob("*.resume.pth")
+    victim = tmp_path / "elsewhere" / "victim.pth"
+    victim.parent.mkdir()
+    victim.write_bytes(b"precious")
+    victim.with_suffix(".json").write_text("{}")
+    state = load_checkpoint(state_file)
+    state["checkpoint_file"] = str(victim)  # what earlier versions wrote and obeyed
+    state["config"]["checkpoint_dir"] = str(victim.parent)
+    forged = tmp_path / "forged" / "run.resume.pth"
+    forged.parent.mkdir()
+    torch.save(state, forged, pickle_protocol=4)
+    summary = resume_run(forged)
+    assert victim.read_bytes() == b"precious" and victim.with_suffix(".json").read_text() == "{}"
+    assert summary["checkpoint"] == str(forged.parent.resolve() / "run.pth")
+    assert load_checkpoint(summary["checkpoint"])["state_dict"]  # the best weights, written
+    assert sorted(p.name for p in forged.parent.iterdir()) == ["run.json", "run.pth"]

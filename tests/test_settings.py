@@ -294,7 +294,7 @@ BAD_SETTINGS = [
     ("BSARec", "--hidden_dropout_prob=1.0", "--hidden_dropout_prob (command line) must be < 1"),
     ("BSARec", "--learning_rate=0", "--learning_rate (command line) must be > 0"),
     ("PolyRec", "--inner_size=0", "--inner_size (command line) must be >= 1, got 0"),
-    ("PolyRec", "--cl_temperature=float('inf')", "cl_temperature (command line) must be a finite"),
+    ("PolyRec", "--cl_temperature=1e999", "cl_temperature (command line) must be a finite"),
     ("FBSARec", "--fusion_branches=[]", "fusion_branches=[] is invalid for this model"),
     (
         "FBSARec",

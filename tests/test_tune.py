@@ -500,3 +500,41 @@ def test_a_resumed_search_continues_an_interrupted_trial_from_its_checkpoint(
     uninterrupted = run_as_a_trial("BSARec", "tiny", config_dict={**settings, "alpha": 0.5})
     assert final["test_ndcg@20"] == uninterrupted["test_result"]["ndcg@20"]
     assert final["best_epoch"] == uninterrupted["best_epoch"]
+
+
+def test_resume_refuses_a_search_folder_others_could_have_written(tmp_path, small_config):
+    import pickle
+
+    from recbole_freq.tune.search import SPEC_FILE
+
+    folder = tmp_path / "results" / "planted"
+    folder.mkdir(parents=True)
+    (folder / SPEC_FILE).write_text("{}")
+    planted = folder / "tuner.pkl"
+    planted.write_bytes(pickle.dumps(0))
+
+    def resume():
+        tune_model(
+            "BSARec",
+            "tiny",
+            _hyper(tmp_path, "alpha choice [0.1,0.3]"),
+            config_dict=small_config,
+            storage_path=tmp_path / "results",
+            name="planted",
+            resume=True,
+        )
+
+    with pytest.raises(TuneSetupError, match="settings of the interrupted search"):
+        resume()  # a folder of one's own gets as far as comparing the settings
+    planted.chmod(0o666)
+    with pytest.raises(TuneSetupError, match=r"tuner.pkl is writable by others \(mode 666\)"):
+        resume()
+    planted.chmod(0o644)
+    (tmp_path / "results").chmod(0o777)
+    with pytest.raises(TuneSetupError, match="lets anyone replace the folder"):
+        resume()
+    (tmp_path / "results").chmod(0o755)
+    if os.geteuid() == 0:  # only root can give a file away
+        os.chown(planted, 12345, 12345)
+        with pytest.raises(TuneSetupError, match=r"tuner.pkl belongs to uid 12345, not to you"):
+            resume()

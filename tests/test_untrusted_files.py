@@ -355,3 +355,176 @@ def test_the_same_data_prepared_again_is_accepted(tmp_path):
     raw = write_sequences(tmp_path / "a.txt", seed=1)
     convert_one_line(raw, tmp_path / "data", "shop", show_progress=False)
     convert_one_line(raw, tmp_path / "data", "shop", show_progress=False)  # no --force needed
+
+
+# --- setting values are literals, never code (compat fix 18) ----------------------
+
+
+def code_setting(marker) -> str:
+    """A setting value that RecBole's ``eval()`` would run: it creates ``marker``."""
+    return f"__import__('os').system('touch {marker}') or 0.001"
+
+
+def test_a_command_line_setting_runs_no_code(small_config, marker, capsys):
+    args = ["--model=SASRec", "--dataset=tiny", *overrides(dict(small_config, epochs=1))]
+    assert main([*args, f"--learning_rate={code_setting(marker)}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "learning_rate" in err
+
+
+def test_a_config_dict_setting_runs_no_code(small_config, marker):
+    config = dict(small_config, epochs=1, learning_rate=code_setting(marker))
+    with pytest.raises(ValueError, match="learning_rate"):
+        run("SASRec", "tiny", config_dict=config)
+
+
+def test_a_hyper_file_choice_runs_no_code(small_config, marker, tmp_path):
+    from recbole_freq.tune import TuneSetupError, tune_model
+
+    hyper = tmp_path / "space.hyper"
+    hyper.write_text(f'learning_rate choice ["{code_setting(marker)}", 0.001]\n')
+    with pytest.raises(TuneSetupError, match="learning_rate"):
+        tune_model(
+            "SASRec", "tiny", str(hyper), config_dict=small_config, storage_path=tmp_path / "r"
+        )
+
+
+def test_recboles_own_config_and_hyper_tuning_run_no_code(marker):
+    from recbole.config import Config
+
+    given = {
+        "learning_rate": code_setting(marker),
+        "hidden_size": "64",
+        "mlp_hidden_size": "[64, 32]",
+        "loss_type": "BPR",
+        "use_gpu": "false",
+        "weight_decay": "1e-4",
+        "neg_sampling": "None",
+    }
+    config = Config("SASRec", "ml-100k", config_dict=dict(given))
+    assert config["learning_rate"] == code_setting(marker)  # kept as text, never run
+    assert config["hidden_size"] == 64 and config["mlp_hidden_size"] == [64, 32]
+    assert config["loss_type"] == "BPR" and config["use_gpu"] is False
+    assert config["weight_decay"] == 1e-4 and config["neg_sampling"] is None
+    # HyperTuning reads a hyper file's choice list with the eval of its module.
+    import recbole.trainer.hyper_tuning as hyper_tuning
+
+    choices = f'["{code_setting(marker)}",0.01]'
+    assert hyper_tuning.eval(choices) == [code_setting(marker), 0.01]
+    assert hyper_tuning.eval(f"{code_setting(marker)}") == code_setting(marker)
+
+
+def test_kd_dagfm_teacher_names_only_a_network_class(marker):
+    import recbole.model.context_aware_recommender.kd_dagfm as kd_dagfm
+
+    assert kd_dagfm.eval("CrossNet") is kd_dagfm.CrossNet
+    with pytest.raises(ValueError, match="does not name a network class"):
+        kd_dagfm.eval(f"__import__('os').system('touch {marker}')")
+
+
+# --- a checkpoint's pickle may call nothing that calls or builds what it is handed ----
+
+
+class RebuildsAConfig:
+    """The issue's crafted value: torch's ``_rebuild_from_type_v2`` (allowlisted: it
+    rebuilds tensor subclasses) handed RecBole's ``Config`` class, which it would call
+    with a setting string that RecBole's ``eval()`` runs."""
+
+    def __init__(self, marker):
+        self.setting = f"__import__('os').system('touch {marker}')"
+
+    def __reduce__(self):
+        from recbole.config import Config
+
+        arguments = (None, None, None, {"x": self.setting})
+        return (torch._tensor._rebuild_from_type_v2, (Config, torch.Tensor, arguments, {}))
+
+
+def craft(genuine_file, target, marker, key="epoch"):
+    checkpoint = load_checkpoint(genuine_file)
+    checkpoint[key] = RebuildsAConfig(marker)
+    torch.save(checkpoint, target, pickle_protocol=4)
+    return target
+
+
+def test_a_checkpoint_handing_a_class_to_an_allowed_callable_is_refused(genuine, tmp_path, marker):
+    for key in ("epoch", "best_valid_score", "other_parameter"):
+        with pytest.raises(UntrustedCheckpointError, match="passes <class 'recbole.config"):
+            load_checkpoint(craft(genuine["checkpoint"], tmp_path / f"{key}.pth", marker, key))
+
+
+def test_no_command_runs_a_crafted_checkpoint(genuine, tmp_path, marker, capsys):
+    crafted = str(craft(genuine["checkpoint"], tmp_path / "evil.pth", marker))
+    resume = str(craft(genuine["checkpoint"], tmp_path / "evil.resume.pth", marker))
+    commands = [
+        ["--recommend", crafted, "--all_users"],
+        ["--analyze", crafted, "--out", str(tmp_path / "analysis")],
+        ["--evaluate", crafted],
+        ["--resume", resume],
+    ]
+    for command in commands:
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "refusing to load" in err, (command, err)
+    with pytest.raises(UntrustedCheckpointError):
+        load_data_and_model(crafted)
+
+
+def test_the_plugins_checkpoints_are_plain_data_for_torchs_weights_only_loader(genuine):
+    on_disk = torch.load(genuine["checkpoint"], weights_only=True)  # torch's loader alone
+    assert on_disk["config"]["class"] == "FreqConfig"
+    assert on_disk["config"]["attributes"]["model_class"]["name"] == "SASRec"
+    loaded = load_checkpoint(genuine["checkpoint"])
+    assert (
+        loaded["config"]["model"] == "SASRec" and loaded["config"].model_class.__name__ == "SASRec"
+    )
+    assert loaded["config"]["MODEL_TYPE"].name == "SEQUENTIAL"
+
+
+def test_analyze_removes_no_other_programs_temporary_files(genuine, tmp_path):
+    out = tmp_path / "analysis"
+    out.mkdir()
+    theirs = [".notes.0123456789ab.tmp", ".draft.99999-0123456789abcdef.tmp"]
+    for name in theirs:
+        (out / name).write_text("theirs")
+        os.utime(out / name, (0, 0))
+    assert main(["--analyze", genuine["checkpoint"], "--out", str(out), "--max_sequences=8"]) == 0
+    assert all((out / name).read_text() == "theirs" for name in theirs)
+
+
+def test_an_output_that_is_a_device_or_a_link_is_refused_not_replaced(genuine, tmp_path, capsys):
+    from recbole_freq.files import OutputPathError, write_atomic
+
+    link = tmp_path / "stdout"
+    link.symlink_to("/proc/self/fd/1")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for target, kind in ((link, "a symbolic link"), ("/dev/null", "a device"), (fifo, "a pipe")):
+        command = ["--recommend", genuine["checkpoint"], "--users", "1", "--output", str(target)]
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"it is {kind}" in err, err
+        with pytest.raises(OutputPathError, match=f"it is {kind}"):
+            write_atomic(target, "x")
+    assert link.is_symlink() and os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
+
+
+def test_a_gru4rec_checkpoint_reloads_in_every_command(small_config, tmp_path, capsys):
+    from conftest import without_transformer_settings
+
+    config = dict(without_transformer_settings(small_config), epochs=1)
+    summary = run("GRU4Rec", "tiny", config_dict=config)
+    checkpoint = summary["checkpoint"]
+    assert load_checkpoint(checkpoint)["state_dict"]["item_embedding.weight"].shape[1] == 64
+    assert main(["--recommend", checkpoint, "--users", "1"]) == 0
+    capsys.readouterr()
+    # --analyze reads Transformer encoders only: said as such, not as a damaged file.
+    assert main(["--analyze", checkpoint, "--out", str(tmp_path / "a")]) == 2
+    assert "cannot analyse GRU4Rec: the analysis reads Transformer" in capsys.readouterr().err
+    assert main(["--evaluate", checkpoint]) == 0
+    loaded_config, model, *_ = load_data_and_model(checkpoint)
+    assert loaded_config["model"] == "GRU4Rec"
+    # The case the size check missed: items embedded at embedding_size, not hidden_size.
+    assert model.item_embedding.weight.shape[1] == loaded_config["embedding_size"] == 64
+    assert loaded_config["hidden_size"] != 64
+    assert "does not fit" not in capsys.readouterr().err

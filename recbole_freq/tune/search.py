@@ -15,6 +15,7 @@ from recbole_freq.config import check_name_component
 from recbole_freq.distributed import data_parallel_settings
 from recbole_freq.files import check_writable, plain_value, write_atomic
 from recbole_freq.ray_cluster import check_resources, import_ray, start_or_join
+from recbole_freq.settings import range_problem, type_problem
 from recbole_freq.tune.hyper import distinct_combinations, grid_size, parse_hyper_file
 from recbole_freq.tune.report import finished_trials, rank_trials, write_outputs
 from recbole_freq.tune.trial import run_trial
@@ -43,6 +44,45 @@ class TuneSetupError(ValueError):
     """A search that cannot start as asked (missing package, bad option, no cluster)."""
 
 
+def check_search_folder_trusted(folder: Path) -> None:
+    """``TuneSetupError`` unless ``folder`` and everything in it belong to the current
+    user and no one else can write them, nor replace them in their parent.
+
+    Ray keeps a search's state as pickles (``tuner.pkl``, the searcher's state), and
+    ``Tuner.restore`` unpickles them: a results folder is as trusted as a program, so
+    ``--resume`` continues only a folder its user could have written alone."""
+    import stat
+
+    if not folder.is_dir():
+        return  # "nothing to resume" is said next
+    me = os.geteuid()
+
+    def problem(path: Path, info) -> str | None:
+        if info.st_uid != me:
+            return f"{path} belongs to uid {info.st_uid}, not to you (uid {me})"
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return f"{path} is writable by others (mode {stat.S_IMODE(info.st_mode):o})"
+        return None
+
+    parent = folder.parent.stat()
+    found = None
+    if parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX:
+        found = f"{folder.parent} lets anyone replace the folder (writable by all, no sticky bit)"
+    paths = [folder] + sorted(folder.rglob("*"))
+    for path in paths:
+        if found:
+            break
+        found = problem(path, path.lstat())
+        if not found and path.is_symlink():
+            found = problem(path, path.stat()) if path.exists() else None
+    if found:
+        raise TuneSetupError(
+            f"refusing to resume {folder}: {found}. Ray's saved search state is pickled and "
+            "runs as code when read: resume only a search folder that you alone could have "
+            "written (or start afresh with another --name)"
+        )
+
+
 def _validate_space(space, config, fixed):
     known = set(config.final_config_dict)
     for name, param in space.items():
@@ -62,6 +102,13 @@ def _validate_space(space, config, fixed):
                 f"{name!r} is both tuned (hyper file line {param.line}) and fixed to "
                 f"{fixed[name]!r}; drop one of them"
             )
+        # A wrong value would fail in its trial, after Ray started: check each one now.
+        for value in param.values if param.kind == "choice" else ():
+            problem = type_problem(name, value) or range_problem(name, value)
+            if problem:
+                raise TuneSetupError(
+                    f"line {param.line}: {name} {problem}, got the choice {value!r}"
+                )
 
 
 def _searcher(search, space, metric_mode, num_samples, max_concurrent, seed):
@@ -247,6 +294,7 @@ def tune_model(
     experiment_dir = storage / name
     spec = _job_spec(model, dataset, config_files, config_dict, overrides, paper, space, search)
     if resume:
+        check_search_folder_trusted(experiment_dir)
         saved = experiment_dir / SPEC_FILE
         if not saved.is_file():
             raise TuneSetupError(
