@@ -159,8 +159,9 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
     was); KD_DAGFM's ``teacher`` must name one of that module's network classes.
     Expressions (``2**10``, ``float('inf')``) are no longer computed: they stay strings,
     which the plugin's type checks then refuse in one line.  No RecBole issue found.
-    Tests: ``test_compat.test_setting_values_are_read_as_literals_only``,
-    ``test_untrusted_files.test_*_runs_no_code_from_a_setting``.
+    Tests: ``test_untrusted_files.test_recboles_own_config_and_hyper_tuning_run_no_code``,
+    ``test_a_command_line_setting_runs_no_code``, ``test_a_config_dict_setting_runs_no_code``,
+    ``test_kd_dagfm_teacher_names_only_a_network_class``.
 
 ``apply()`` is idempotent and runs when ``recbole_freq`` is imported, after
 ``require_recbole()``.

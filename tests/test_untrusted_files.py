@@ -528,3 +528,35 @@ def test_a_gru4rec_checkpoint_reloads_in_every_command(small_config, tmp_path, c
     assert model.item_embedding.weight.shape[1] == loaded_config["embedding_size"] == 64
     assert loaded_config["hidden_size"] != 64
     assert "does not fit" not in capsys.readouterr().err
+
+
+def test_a_checkpoint_holding_an_expanded_tensor_is_refused_before_it_is_touched(
+    genuine, tmp_path, capsys
+):
+    checkpoint = load_checkpoint(genuine["checkpoint"])
+    # 200,000 x 200,000 floats (160 GB) on one stored float: a few bytes on disk.
+    checkpoint["state_dict"]["item_embedding.weight"] = torch.zeros(1).expand(200_000, 200_000)
+    crafted = tmp_path / "expanded.pth"
+    torch.save(checkpoint, crafted, pickle_protocol=4)
+    assert main(["--recommend", str(crafted), "--users", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "(an expanded or overlapping view)" in err
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("epoch", [1], "its 'epoch' is a list of the wrong shape"),
+        ("surprise", 1, "unknown entries surprise"),
+        ("state_dict", {"w": "not a tensor"}, "its 'state_dict' is a dict of the wrong shape"),
+    ],
+)
+def test_a_checkpoint_value_of_the_wrong_shape_is_refused(genuine, tmp_path, key, value, message):
+    from recbole_freq.checkpoint import CheckpointError
+
+    checkpoint = load_checkpoint(genuine["checkpoint"])
+    checkpoint[key] = value
+    edited = tmp_path / "edited.pth"
+    torch.save(checkpoint, edited)
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(edited)
