@@ -304,6 +304,15 @@ class FreqConfig(Config):
     def _build_yaml_loader(self):
         return SafeConfigLoader
 
+    def _set_default_parameters(self):
+        from recbole_freq.settings import metrics_problem
+
+        # RecBole's own checks of these end in a NotImplementedError or a KeyError.
+        problem = metrics_problem(self.final_config_dict)
+        if problem:
+            raise ValueError(problem)
+        super()._set_default_parameters()
+
     def _load_config_files(self, file_list):
         merged = {}
         for index, path in enumerate(file_list or []):

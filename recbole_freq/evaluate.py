@@ -19,6 +19,7 @@ from recbole_freq.protocol import (
     protocol_names,
     protocol_trainer,
 )
+from recbole_freq.settings import evaluation_mode_problem
 
 EVALUATION_PIECES = ("history_mask", "eval_negatives")
 MODE_KEY = "mode"
@@ -50,8 +51,9 @@ def parse_variant(text: str) -> dict:
                     f"{key}={value!r} is unknown; choose one of {', '.join(PIECES[key])}"
                 )
         elif key == MODE_KEY:
-            if not (value == "full" or (value[:3] in ("uni", "pop") and value[3:].isdigit())):
-                raise ProtocolError(f"mode={value!r}: use full, uni<N> or pop<N>")
+            problem = evaluation_mode_problem(value)
+            if problem:
+                raise ProtocolError(f"mode={problem}")
         else:
             allowed = ", ".join((*EVALUATION_PIECES, MODE_KEY))
             raise ProtocolError(

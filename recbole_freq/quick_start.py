@@ -453,7 +453,21 @@ def _check_fearec_delays(config) -> None:
 def check_run_settings(config) -> None:
     """A run that would not train, never validate, or fail after its first epoch is an
     error before anything runs."""
+    from recbole_freq.settings import evaluation_mode_problem, metrics_problem
+
+    problem = metrics_problem(config)
+    if problem:
+        raise ValueError(problem)
     _check_valid_metric(config)
+    sequential = config["MODEL_TYPE"] == ModelType.SEQUENTIAL
+    modes = config["eval_args"]["mode"]
+    modes = modes if isinstance(modes, dict) else {"valid": modes, "test": modes}
+    named = [(f"eval_args mode ({split})", mode) for split, mode in modes.items()]
+    named += [("extra_test_modes entry", mode) for mode in extra_test_modes(config)]
+    for where, mode in named:
+        problem = evaluation_mode_problem(mode, sequential)
+        if problem:
+            raise ValueError(f"{where} {problem}")
     with_sequence_layout(get_model_class(config["model"]), config)  # refused in one line
     if config["log_wandb"]:
         import importlib.util
@@ -610,19 +624,17 @@ def evaluate_extra_test_modes(config, recbole_dataset, loaders, trainer, saved) 
     protocol (100 uniform negatives per user, as in the Rec-Denoiser and SASRec papers) to
     a full-sort run without training again.  Negatives are drawn after re-seeding, so
     the result is reproducible.  The split datasets are the run's own (noise included)."""
+    from recbole_freq.settings import evaluation_mode_problem
+
     modes = extra_test_modes(config)
     results = {}
     original_mode = dict(config["eval_args"]["mode"])
     original_neg_args = config["test_neg_sample_args"]
     try:
         for mode in modes:
-            if not isinstance(mode, str) or not (
-                mode == "full" or (mode[:3] in ("uni", "pop") and mode[3:].isdigit())
-            ):
-                raise ValueError(
-                    f"extra_test_modes entry {mode!r} is not a RecBole evaluation mode: "
-                    "use full, uni<N> or pop<N> (e.g. uni100)"
-                )
+            problem = evaluation_mode_problem(mode, config["MODEL_TYPE"] == ModelType.SEQUENTIAL)
+            if problem:
+                raise ValueError(f"extra_test_modes entry {problem}")
             config["eval_args"]["mode"] = {**original_mode, "test": mode}
             config._set_eval_neg_sample_args("test")
             init_seed(config["seed"], config["reproducibility"])

@@ -234,6 +234,67 @@ def type_problem(key: str, value) -> str | None:
     return None
 
 
+def evaluation_mode_problem(mode, sequential: bool = True) -> str | None:
+    """Why ``mode`` is not an evaluation mode a run can use, or None: ``full``, ``uni<N>``
+    or ``pop<N>`` with N >= 1 (``uni0`` ranks each target alone, so every metric would be
+    1.0); ``labeled`` only for models that score labelled interactions, never a
+    sequential one."""
+    if mode == "full" or (mode == "labeled" and not sequential):
+        return None
+    if isinstance(mode, str) and mode[:3] in ("uni", "pop") and mode[3:].isdigit():
+        if int(mode[3:]) >= 1:
+            return None
+        return (
+            f"{mode!r} ranks each target against no sampled item, so every metric would be "
+            f"1.0; use {mode[:3]}100 (or another count >= 1) or full"
+        )
+    if mode == "labeled":
+        return (
+            "'labeled' scores labelled interactions of a context-aware dataset; a sequential "
+            "model ranks items: use full, uni<N> or pop<N>"
+        )
+    return f"{mode!r} is not a RecBole evaluation mode: use full, uni<N> or pop<N> (e.g. uni100)"
+
+
+def metrics_problem(config) -> str | None:
+    """Why the ``metrics``, ``topk`` or ``valid_metric`` of ``config`` (a ``Config`` or its
+    settings dict) cannot be computed, or None: RecBole fails on them in its ``Config``
+    with a traceback, or after a whole training epoch."""
+    from recbole.evaluator.base_metric import TopkMetric
+    from recbole.evaluator.register import metrics_dict
+
+    def setting(key):
+        return config[key] if key in config else None
+
+    metrics, topk = setting("metrics"), setting("topk")
+    metrics = [metrics] if isinstance(metrics, str) else metrics
+    if not isinstance(metrics, (list, tuple)) or not metrics:
+        return f"metrics={metrics!r}: give at least one metric, e.g. ['Hit', 'NDCG']"
+    unknown = [m for m in metrics if not isinstance(m, str) or m.lower() not in metrics_dict]
+    if unknown:
+        known = sorted(cls.__name__ for cls in set(metrics_dict.values()))
+        return f"metrics: {unknown[0]!r} is not a RecBole metric (known: {', '.join(known)})"
+    ranked = any(issubclass(metrics_dict[m.lower()], TopkMetric) for m in metrics)
+    topk = [topk] if isinstance(topk, int) and not isinstance(topk, bool) else topk
+    if ranked and (
+        not isinstance(topk, (list, tuple))
+        or not topk
+        or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in topk)
+    ):
+        return f"topk={setting('topk')!r}: give at least one cut-off >= 1, e.g. [10, 20]"
+    if setting("valid_metric") is None:
+        return None
+    metric = str(setting("valid_metric"))
+    name, at, k = metric.partition("@")
+    chosen = metrics_dict.get(name.lower())
+    if chosen is not None and issubclass(chosen, TopkMetric) and not at:
+        return (
+            f"valid_metric={metric} needs a cut-off: {name} is computed at topk "
+            f"{list(topk)} (e.g. valid_metric={name}@{list(topk)[-1]})"
+        )
+    return None
+
+
 def check_user_settings(
     model_class: type, given: dict[str, tuple[str, object]], shared_with=()
 ) -> None:

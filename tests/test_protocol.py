@@ -615,3 +615,13 @@ def test_bce_refuses_objectives_it_would_drop(tiny_data, tmp_path):
         ProtocolError, match="does not apply BERT4RecDenoiser's.*use train_loss=model"
     ):
         run("BERT4RecDenoiser", "tiny", cmd_overrides=overrides, saved=False)
+
+
+def test_an_evaluation_variant_with_no_sampled_items_is_refused():
+    from recbole_freq.evaluate import parse_variant
+
+    assert parse_variant("mode=uni10")["mode"] == "uni10"
+    with pytest.raises(ProtocolError, match="mode='uni0' ranks each target against no sampled"):
+        parse_variant("mode=uni0")
+    with pytest.raises(ProtocolError, match="mode='labeled' scores labelled interactions"):
+        parse_variant("mode=labeled")

@@ -420,3 +420,27 @@ def test_a_recbole_model_that_cannot_be_built_is_one_line(small_config, capsys):
     assert run_main(dict(small_config, n_layers=1, topk_factor=1), model="FEARec") == 2
     err = one_error_line(capsys)
     assert err.startswith("error: FEARec cannot be built with these settings: ")
+
+
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("--metrics=['Foo']", "metrics: 'Foo' is not a RecBole metric (known: "),
+        ("--metrics=[]", "metrics=[]: give at least one metric"),
+        ("--topk=[]", "topk=[]: give at least one cut-off >= 1"),
+        ("--valid_metric=NDCG", "valid_metric=NDCG needs a cut-off: NDCG is computed at topk"),
+        ("--eval_args={'mode': 'uni0'}", "every metric would be 1.0; use uni100"),
+        ("--eval_args={'mode': 'labeled'}", "'labeled' scores labelled interactions"),
+        ("--extra_test_modes=['pop0']", "extra_test_modes entry 'pop0' ranks each target"),
+    ],
+)
+def test_evaluation_settings_that_cannot_be_computed_are_one_line_before_training(
+    small_config, capsys, flag, message
+):
+    from recbole_freq.cli import main
+
+    args = [f"--{key}={value}" for key, value in small_config.items()]
+    assert main(["--model=SASRec", "--dataset=tiny", *args, flag]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not list(Path(small_config["checkpoint_dir"]).glob("*.pth"))  # nothing trained
