@@ -154,7 +154,64 @@ class ConfigFileError(ValueError):
 
 class SafeConfigLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` (no Python tags) with RecBole's float resolver, so that
-    ``1e-3`` is a float as in RecBole's own loader."""
+    ``1e-3`` is a float as in RecBole's own loader, and no duplicate keys: yaml keeps the
+    last of two, so a setting given twice silently lost its first value."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            lines = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = lines.get(key)
+                except TypeError:  # an unhashable key: yaml's own error follows
+                    continue
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"{key!r} is given twice (first on line {first + 1}); yaml would keep "
+                        "only the last: give each setting once",
+                        key_node.start_mark,
+                    )
+                lines[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
+# Values a config file may expand to through yaml aliases (a "billion laughs" file is a
+# few lines that expand to billions).
+MAX_CONFIG_VALUES = 100_000
+
+
+def _expanded_size(node, path) -> int:
+    """How many values ``node`` stands for once its aliases are expanded;
+    ``ConfigFileError`` beyond ``MAX_CONFIG_VALUES`` or for a recursive alias."""
+    sizes, on_path = {}, set()
+
+    def size(current) -> int:
+        key = id(current)
+        if key in sizes:
+            return sizes[key]
+        if key in on_path:
+            raise ConfigFileError(f"config file {path}: a yaml alias refers to itself")
+        on_path.add(key)
+        total = 1
+        if isinstance(current, yaml.SequenceNode):
+            total += sum(size(child) for child in current.value)
+        elif isinstance(current, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in current.value)
+        on_path.discard(key)
+        if total > MAX_CONFIG_VALUES:
+            raise ConfigFileError(
+                f"config file {path}: its yaml aliases expand to more than "
+                f"{MAX_CONFIG_VALUES:,} values; a settings file never needs that many"
+            )
+        sizes[key] = total
+        return total
+
+    return size(node)
 
 
 SafeConfigLoader.add_implicit_resolver(
@@ -179,8 +236,14 @@ def read_config_file(path) -> dict:
     except (OSError, UnicodeDecodeError) as error:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else error
         raise ConfigFileError(f"config file {path}: cannot be read ({reason})") from error
+    loader = SafeConfigLoader(text)
     try:
-        loaded = yaml.load(text, Loader=SafeConfigLoader)
+        node = loader.get_single_node()
+        if node is not None:
+            _expanded_size(node, path)
+        loaded = loader.construct_document(node) if node is not None else None
+    except RecursionError as error:
+        raise ConfigFileError(f"config file {path}: nested too deeply to be settings") from error
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f", line {mark.line + 1}" if mark is not None else ""
@@ -188,6 +251,8 @@ def read_config_file(path) -> dict:
         if "python/" in str(error):
             problem = "Python tags (!!python/...) are not allowed in config files"
         raise ConfigFileError(f"config file {path}{where}: {problem}") from error
+    finally:
+        loader.dispose()
     if loaded is None:
         return {}
     if not isinstance(loaded, dict) or not all(isinstance(key, str) for key in loaded):

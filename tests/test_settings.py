@@ -7,7 +7,7 @@ import pytest
 
 from conftest import SMALL_MODEL
 from recbole_freq.cli import main
-from recbole_freq.config import ConfigFileError, FreqConfig, properties_dir
+from recbole_freq.config import ConfigFileError, FreqConfig, properties_dir, read_config_file
 from recbole_freq.settings import (
     UnknownSettingError,
     common_keys,
@@ -444,3 +444,24 @@ def test_evaluation_settings_that_cannot_be_computed_are_one_line_before_trainin
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
     assert not list(Path(small_config["checkpoint_dir"]).glob("*.pth"))  # nothing trained
+
+
+def test_a_setting_given_twice_in_a_config_file_is_refused(small_config, tmp_path, capsys):
+    config_file = tmp_path / "twice.yaml"
+    config_file.write_text("epochs: 3\nlearning_rate: 0.01\nepochs: 5\n")
+    assert run_main(small_config, "--config_files", str(config_file)) == 2
+    err = one_error_line(capsys)
+    assert f"config file {config_file}, line 3: 'epochs' is given twice (first on line 1)" in err
+    merged = tmp_path / "merged.yaml"  # yaml's merge keys are not duplicates
+    merged.write_text("base: &b {alpha: 0.5}\nshared:\n  <<: *b\n  c: 3\n")
+    assert read_config_file(merged)["shared"] == {"alpha": 0.5, "c": 3}
+
+
+def test_a_yaml_alias_bomb_is_one_line(small_config, tmp_path, capsys):
+    lines = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
+    for previous, name in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"{name}: &{name} [{','.join([f'*{previous}'] * 9)}]")
+    config_file = tmp_path / "bomb.yaml"
+    config_file.write_text("\n".join(lines) + "\n")  # 9**9 values once expanded
+    assert run_main(small_config, "--config_files", str(config_file)) == 2
+    assert "its yaml aliases expand to more than 100,000 values" in one_error_line(capsys)
