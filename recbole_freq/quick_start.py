@@ -17,6 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
 import torch
 from recbole.data import create_dataset, data_preparation
 from recbole.data.transform import construct_transform
@@ -510,9 +511,19 @@ def check_atomic_columns(config) -> None:
     wanted = (
         (config["load_col"] or {}).get("inter") if isinstance(config["load_col"], dict) else None
     )
-    if config["benchmark_filename"] and config["MODEL_TYPE"] == ModelType.SEQUENTIAL:
+    sequential = config["MODEL_TYPE"] == ModelType.SEQUENTIAL
+    if config["benchmark_filename"] and sequential:
         item = config["ITEM_ID_FIELD"]
         wanted = [config["USER_ID_FIELD"], item + config["LIST_SUFFIX"], item, *(wanted or [])]
+    elif wanted is not None and sequential:
+        needed = [config["USER_ID_FIELD"], config["ITEM_ID_FIELD"]]
+        if not isinstance(wanted, (list, tuple)) or any(c not in wanted for c in needed):
+            raise ValueError(
+                f"load_col inter={wanted!r} leaves out {[c for c in needed if c not in (wanted or [])]}: "
+                f"a sequential model reads whose history each item is in; give e.g. load_col: "
+                f"{{inter: [{', '.join(needed)}, {config['TIME_FIELD']}]}}"
+            )
+    check_timestamps(config)
     if not wanted:
         return
     for inter in inter_files(config):
@@ -530,6 +541,44 @@ def check_atomic_columns(config) -> None:
                     if config["benchmark_filename"]
                     else ""
                 )
+            )
+
+
+def check_timestamps(config) -> None:
+    """Every timestamp the run orders interactions by must be a finite number: RecBole
+    fills an empty or NaN timestamp with the column's mean and sorts an infinite one
+    last, training on an order that exists nowhere, with exit 0."""
+    import pandas as pd
+
+    time_field = config["TIME_FIELD"]
+    load_col = config["load_col"]
+    wanted = load_col.get("inter") if isinstance(load_col, dict) else None
+    if not time_field or config["benchmark_filename"] or (wanted and time_field not in wanted):
+        return
+    separator = config["field_separator"] or "\t"
+    for inter in inter_files(config):
+        with open(inter, encoding="utf-8", errors="replace") as handle:
+            header = handle.readline().rstrip("\r\n").split(separator)
+        names = [column.split(":")[0] for column in header]
+        if time_field not in names:
+            continue
+        column = pd.read_csv(
+            inter,
+            sep=separator,
+            usecols=[names.index(time_field)],
+            dtype=str,
+            keep_default_na=False,
+            engine="c",
+            quoting=3,
+        ).iloc[:, 0]
+        values = pd.to_numeric(column.str.strip(), errors="coerce")
+        bad = ~np.isfinite(values.to_numpy(dtype=float))
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"{inter}, line {first + 2}: timestamp {column.iloc[first]!r} is not a finite "
+                f"number ({int(bad.sum()):,} such rows); the run orders each history by time: "
+                "fix or drop those rows and prepare the dataset again"
             )
 
 

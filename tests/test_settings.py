@@ -465,3 +465,27 @@ def test_a_yaml_alias_bomb_is_one_line(small_config, tmp_path, capsys):
     config_file.write_text("\n".join(lines) + "\n")  # 9**9 values once expanded
     assert run_main(small_config, "--config_files", str(config_file)) == 2
     assert "its yaml aliases expand to more than 100,000 values" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("timestamp", ["nan", "", "inf", "soon"])
+def test_a_timestamp_that_is_not_a_finite_number_is_one_line(
+    small_config, tmp_path, capsys, timestamp
+):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(Path(small_config["data_path"]) / "tiny", data / "tiny")
+    inter = data / "tiny" / "tiny.inter"
+    lines = inter.read_text().splitlines()
+    user, item, _ = lines[5].split("\t")
+    lines[5] = f"{user}\t{item}\t{timestamp}"
+    inter.write_text("\n".join(lines) + "\n")
+    assert run_main(dict(small_config, data_path=str(data)), model="SASRec") == 2
+    err = one_error_line(capsys)
+    assert f"tiny.inter, line 6: timestamp {timestamp!r} is not a finite number" in err
+
+
+def test_load_col_without_the_item_column_is_one_line(small_config, capsys):
+    code = run_main(small_config, "--load_col={'inter': ['user_id', 'timestamp']}", model="SASRec")
+    assert code == 2
+    assert "leaves out ['item_id']: a sequential model reads" in one_error_line(capsys)
