@@ -7,7 +7,15 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .download import ONE_LINE_SOURCE, RAW, DownloadError, default_source, fetch, source_of
+from .download import (
+    ONE_LINE_SOURCE,
+    RAW,
+    DownloadError,
+    check_url,
+    default_source,
+    fetch,
+    source_of,
+)
 from .errors import DatasetPrepError, StatsMismatchError, UsageError
 from .pipeline import convert
 from .registry import FORMATS, KNOWN_DATASETS, ONE_LINE, SOURCE_REPOSITORIES, TABLE
@@ -250,6 +258,8 @@ def _download(args: argparse.Namespace) -> tuple[str, str]:
     if args.format is not None:
         raise UsageError("--download knows each file's format; give --source, not --format")
     source = source_of(args.name, args.source or default_source(args.name))
+    if args.url is not None:
+        check_url(args.url)  # before any folder is made
     folder = Path(args.downloads or Path(args.out) / "downloads")
     path = fetch(source, folder, url=args.url, show_progress=not args.quiet)
     print(f"{path} ({path.stat().st_size:,} bytes, from {args.url or source.url})")

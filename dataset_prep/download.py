@@ -199,7 +199,22 @@ def _open_part(part: Path, append: bool):
     return os.fdopen(fd, "ab" if append else "wb")
 
 
+def check_url(url: str) -> None:
+    """``UsageError`` unless ``url`` is an http(s) or ftp address with a host."""
+    from urllib.parse import urlsplit
+
+    from .errors import UsageError
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https", "ftp") or not parts.netloc:
+        raise UsageError(
+            f"--url {url!r} is not a download address: give an http://, https:// or ftp:// "
+            "URL of a mirror of the file"
+        )
+
+
 def _download(url: str, target: Path, source: Source, show_progress: bool) -> None:
+    check_url(url)
     part = target.with_name(target.name + ".part")
     existing = _own_part(part)
     offset = existing.st_size if existing is not None else 0

@@ -13,6 +13,7 @@ import gzip
 import hashlib
 import io
 import os
+import stat
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -137,6 +138,13 @@ class RawFile:
             raise RawInputError(f"raw path is a directory, not a file: {self.path}") from None
         except OSError as exc:
             raise RawInputError(f"cannot read raw file {self.path}: {exc.strerror}") from None
+        if not stat.S_ISREG(os.fstat(self._fh.fileno()).st_mode):
+            # A device or pipe (/dev/zero) never ends, or ends anywhere: not a data file.
+            self._fh.close()
+            raise RawInputError(
+                f"raw path {self.path} is not a regular file (a device, pipe or socket); "
+                "give the downloaded or exported data file"
+            )
         try:
             self._open_layers()
         except BaseException:

@@ -269,3 +269,11 @@ def test_a_link_planted_at_the_extracted_part_file_is_never_written_through(
     (out / "downloads" / "user_taggedartists-timestamps.dat.part").write_bytes(b"half")
     assert main(["lastfm", "--download", "--out", str(out), "--quiet", "--no-check"]) == 0
     assert (out / "downloads" / "user_taggedartists-timestamps.dat").read_bytes() == dat
+
+
+def test_a_url_that_is_not_a_download_address_is_one_line(tmp_path, capsys):
+    out = tmp_path / "dataset"
+    assert main(["lastfm", "--download", "--url", "notaurl", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--url 'notaurl' is not a download address" in err
+    assert not out.exists()

@@ -756,3 +756,12 @@ def test_latin1_csv_is_refused_with_the_conversion_to_make(tmp_path):
     with pytest.raises(RawFormatError) as info:
         convert(raw, tmp_path / "out", "d", fmt="csv", core=1, **quiet())
     assert "line 2: not valid UTF-8 text" in str(info.value) and "iconv" in str(info.value)
+
+
+def test_a_raw_path_that_is_a_device_is_one_line(tmp_path, capsys):
+    from dataset_prep.cli import main as prep_main
+
+    code = prep_main(["lastfm", "--raw", "/dev/zero", "--out", str(tmp_path), "--format=one-line"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "raw path /dev/zero is not a regular file" in err
