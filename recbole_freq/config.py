@@ -298,6 +298,37 @@ def find_config_file(name, suffix: str = ".yaml", what: str = "config file") -> 
     )
 
 
+def check_api_arguments(model, dataset, config_files, config_dict, cmd_overrides) -> None:
+    """The Python API's arguments, checked as the command line checks its flags: one
+    ``ValueError`` naming the argument, not an ``AttributeError`` from deep inside."""
+    from recbole.model.abstract_recommender import AbstractRecommender
+
+    if not (
+        isinstance(model, str)
+        or (isinstance(model, type) and issubclass(model, AbstractRecommender))
+    ):
+        raise ValueError(f"model must be a model name such as 'BSARec' or 'SASRec', got {model!r}")
+    if dataset is not None and not isinstance(dataset, str):
+        raise ValueError(f"dataset must be a dataset name such as 'lastfm', got {dataset!r}")
+    if config_files is not None and (
+        isinstance(config_files, (str, bytes))
+        or not isinstance(config_files, (list, tuple))
+        or not all(isinstance(name, (str, os.PathLike)) for name in config_files)
+    ):
+        hint = f" (for one file: [{config_files!r}])" if isinstance(config_files, str) else ""
+        raise ValueError(
+            f"config_files must be a list of yaml file paths, got {config_files!r}{hint}"
+        )
+    for name, value in (("config_dict", config_dict), ("cmd_overrides", cmd_overrides)):
+        if value is not None and (
+            not isinstance(value, dict) or not all(isinstance(key, str) for key in value)
+        ):
+            raise ValueError(
+                f"{name} must be a dict of settings such as {{'epochs': 10}}, got "
+                f"{type(value).__name__} {str(value)[:60]}"
+            )
+
+
 def check_name_component(name, what: str) -> None:
     """``name`` becomes part of file names (checkpoints, logs, folders): it must be one
     path component, so that no file is written outside the folder it belongs to."""
@@ -349,6 +380,7 @@ class FreqConfig(Config):
     ):
         """``shared_with``: names of other models given the same settings (a comparison):
         a setting that one of them reads is accepted for this one too."""
+        check_api_arguments(model, dataset, config_file_list, config_dict, cmd_overrides)
         self._cmd_overrides = dict(cmd_overrides or {})
         check_name_component(dataset, "dataset name")
         self._shared_with = tuple(get_model_class(name) for name in shared_with)

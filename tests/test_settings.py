@@ -1,6 +1,7 @@
 """Nothing silently different: every setting a user gives is read by something, has the
 right type, and every config file is read safely or refused in one line."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -489,3 +490,31 @@ def test_load_col_without_the_item_column_is_one_line(small_config, capsys):
     code = run_main(small_config, "--load_col={'inter': ['user_id', 'timestamp']}", model="SASRec")
     assert code == 2
     assert "leaves out ['item_id']: a sequential model reads" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"model": None}, "model must be a model name such as 'BSARec' or 'SASRec', got None"),
+        ({"model": 123}, "got 123"),
+        ({"config_files": "small.yaml"}, "config_files must be a list of yaml file paths"),
+        ({"config_dict": [("epochs", 1)]}, "config_dict must be a dict of settings"),
+        ({"dataset": 5}, "dataset must be a dataset name"),
+    ],
+)
+def test_the_python_api_checks_its_arguments_in_one_line(small_config, kwargs, message):
+    from recbole_freq.quick_start import run
+
+    arguments = {"model": "SASRec", "dataset": "tiny", "config_dict": small_config, **kwargs}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        run(**arguments)
+
+
+def test_a_config_file_name_with_a_space_is_one_file(small_config, tmp_path):
+    from recbole_freq.cli.common import split_config_files
+
+    spaced = tmp_path / "my config.yaml"
+    spaced.write_text("epochs: 1\n")
+    assert split_config_files([str(spaced)]) == [str(spaced)]
+    assert split_config_files(["a.yaml b.yaml"]) == ["a.yaml", "b.yaml"]
+    assert run_main(dict(small_config, epochs=1), "--config_files", str(spaced)) == 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from recbole_freq.config import UnknownModelError
 from recbole_freq.data import DatasetNotPreparedError
@@ -59,10 +60,15 @@ class CommandLineParser(argparse.ArgumentParser):
 
 
 def split_config_files(files):
-    """``--config_files a.yaml b.yaml`` and RecBole's ``--config_files="a.yaml b.yaml"``."""
+    """``--config_files a.yaml b.yaml`` and RecBole's ``--config_files="a.yaml b.yaml"``;
+    an entry that names a file as it stands (``"my config.yaml"``) is that one file."""
     if not files:
         return files
-    return [name for entry in files for name in entry.split()]
+    return [
+        name
+        for entry in files
+        for name in ([entry] if Path(entry).is_file() or not entry.strip() else entry.split())
+    ]
 
 
 def parse_job_args(parser: argparse.ArgumentParser, argv: list[str]):
