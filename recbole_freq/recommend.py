@@ -94,10 +94,11 @@ class RawIds:
             )
 
 
-def known_users(dataset, given: list[str], raw_ids: RawIds | None) -> list[str]:
+def known_users(dataset, given: list[str], raw_ids: RawIds | None, from_file=None) -> list[str]:
     """The tokens of the ``given`` users the dataset knows.  A batch never fails because
     of some unknown users: they are skipped and listed in one warning line; only a batch
-    with no known user is an error."""
+    with no known user is an error.  Users read ``from_file`` are counted, never quoted:
+    the file may hold anything (``--users /etc/shadow``)."""
     if raw_ids is not None:
         unknown = [user for user in given if user not in raw_ids.user_token]
         tokens = [raw_ids.user_token[user] for user in given if user in raw_ids.user_token]
@@ -109,8 +110,11 @@ def known_users(dataset, given: list[str], raw_ids: RawIds | None) -> list[str]:
         kind = "user token(s) (the user ids of the .inter file)"
     if not unknown:
         return tokens
-    shown = ", ".join(repr(user) for user in unknown[:10])
-    more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+    if from_file is not None:
+        shown, more = f"the lines of {from_file} are not quoted", ""
+    else:
+        shown = ", ".join(repr(user) for user in unknown[:10])
+        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
     if not tokens:
         raise UnknownUserError(
             f"all {len(unknown)} {kind} are unknown to dataset {dataset.dataset_name!r}: "

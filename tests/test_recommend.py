@@ -316,3 +316,13 @@ def test_recommend_takes_and_prints_raw_ids_through_the_id_map(shop_log, tmp_pat
 def test_ids_raw_without_an_id_map_is_a_clear_error(trained, capsys):
     assert main(["--recommend", trained, "--users", "1", "--ids", "raw"]) == 2
     assert "has no id map" in capsys.readouterr().err
+
+
+def test_unknown_users_read_from_a_file_are_counted_not_quoted(trained, tmp_path, capsys):
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$secret-hash:19000:0:99999:7:::\nalice:$6$another:19000::::::\n")
+    assert main(["--recommend", trained, "--users", str(secret)]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]  # after the line naming the checkpoint
+    assert err.startswith("error: all 2 user token(s)")
+    assert "secret-hash" not in err and "alice" not in err
+    assert f"the lines of {secret} are not quoted" in err

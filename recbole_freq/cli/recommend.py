@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from recbole_freq.checkpoint import (
@@ -81,7 +82,8 @@ def cli(argv: list[str]) -> int:
         if args.all_users:
             tokens = [str(t) for t in dataset.field2id_token[dataset.uid_field][1:]]
         else:
-            tokens = known_users(dataset, parse_user_tokens(args.users), raw_ids)
+            from_file = args.users if os.path.isfile(args.users) else None
+            tokens = known_users(dataset, parse_user_tokens(args.users), raw_ids, from_file)
         uids = user_ids(dataset, tokens)
         items, scores = recommend(
             model,
