@@ -475,3 +475,67 @@ def test_every_reference_file_holds_plain_figures():
                         f"{m}@{k}" for m in ("hit", "ndcg") for k in (5, 10, 20)
                     }, (path, model)
                     assert all(0.0 < value < 1.0 for value in values.values()), (path, model)
+
+
+@pytest.fixture
+def one_stored_run(small_config, tmp_path):
+    """A comparison folder holding one finished SASRec run, and a way to compare again."""
+    out = tmp_path / "cmp"
+    overrides = overrides_of(small_config, epochs=1)
+
+    def again():
+        return compare("SASRec", "tiny", seeds="5", overrides=overrides, out=out)
+
+    again()
+    return out / "runs" / "SASRec-seed5.json", again
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda r: r["summary"]["test_result"].update({"ndcg@10": 0.99}), "was changed after"),
+        (lambda r: r["summary"]["test_result"].update({"ndcg@10": float("nan")}), "was changed"),
+    ],
+)
+def test_a_hand_edited_run_file_is_refused_not_tabulated(one_stored_run, edit, message):
+    path, again = one_stored_run
+    record = json.loads(path.read_text())
+    edit(record)
+    path.write_text(json.dumps(record))
+    with pytest.raises(ComparisonError, match=message):
+        again()
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            lambda r: r["summary"]["test_result"].update({"ndcg@10": "abc"}),
+            "is 'abc', not a number",
+        ),
+        (lambda r: r["summary"]["test_result"].update({"hit@5": float("inf")}), "not a finite"),
+        (lambda r: r["summary"].pop("test_result"), "it holds no test_result"),
+        (lambda r: r.update(summary=[1, 2]), "is not a comparison run file"),
+    ],
+)
+def test_a_run_file_whose_values_cannot_be_metrics_is_refused(one_stored_run, edit, message):
+    path, again = one_stored_run
+    record = json.loads(path.read_text())
+    record.pop("digest")  # as a file written before digests: the values are still checked
+    edit(record)
+    path.write_text(json.dumps(record))
+    with pytest.raises(ComparisonError, match=message):
+        again()
+
+
+def test_two_comparisons_into_one_folder_at_once_are_refused(one_stored_run):
+    from recbole_freq.compare.runs import lock_out_dir
+
+    path, again = one_stored_run
+    held = lock_out_dir(path.parent.parent)  # as a comparison running in another process
+    try:
+        with pytest.raises(ComparisonError, match="another comparison is writing"):
+            again()
+    finally:
+        held.release()
+    assert again()["trained"] == []

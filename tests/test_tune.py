@@ -91,6 +91,7 @@ def test_parser_reads_every_recbole_keyword_with_recbole_semantics():
         ("size quniform 16,64", "'low,high,q'"),
         ("size quniform 16,64,0", "q must be positive"),
         ("size quniform 5,6,10", "no multiple of q"),
+        ("size quniform 1,1e12,1", "has 1,000,000,000,000 values, more than the 100,000"),
         ("learning_rate choice [0.1]", "already defined on line 1"),
     ],
 )
@@ -538,3 +539,22 @@ def test_resume_refuses_a_search_folder_others_could_have_written(tmp_path, smal
         os.chown(planted, 12345, 12345)
         with pytest.raises(TuneSetupError, match=r"tuner.pkl belongs to uid 12345, not to you"):
             resume()
+
+
+def test_an_output_file_that_is_a_folder_is_refused_before_the_search(
+    tmp_path, small_config, capsys
+):
+    folder = tmp_path / "report"
+    folder.mkdir()
+    args = [f"--{key}={value}" for key, value in small_config.items()]
+    argv = [
+        "--model=BSARec",
+        "--dataset=tiny",
+        "--params_file",
+        _hyper(tmp_path, "alpha choice [0.1]"),
+    ]
+    code = main([*argv, "--output_file", str(folder), "--storage_path", str(tmp_path / "r"), *args])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--output_file {folder} is a folder" in err
+    assert not (tmp_path / "r").exists()  # no search started

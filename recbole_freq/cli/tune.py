@@ -12,7 +12,7 @@ from recbole_freq.cli.common import (
     report_error,
     split_config_files,
 )
-from recbole_freq.files import OutputWriteError, write_atomic
+from recbole_freq.files import OutputWriteError, check_output_file, write_atomic
 from recbole_freq.quick_start import RunInterrupted
 from recbole_freq.tune import SEARCHES, TrialsFailedError, default_search_name, tune_model
 
@@ -87,6 +87,8 @@ def cli(argv: list[str]) -> int:
     # Named here, so that an interrupt can name the search to resume.
     name = args.name or default_search_name(args.model, args.dataset)
     try:
+        if args.output_file:
+            check_output_file(args.output_file, "--output_file")  # not after the search
         summary = tune_model(
             args.model,
             args.dataset,

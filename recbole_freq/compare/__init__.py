@@ -29,6 +29,7 @@ from recbole_freq.compare.runs import (
     check_out_dir,
     entry_name,
     load_run,
+    lock_out_dir,
     run_file,
     run_on_ray,
     run_protocol_label,
@@ -253,90 +254,95 @@ def compare(
         )
     metrics = choose_metrics(None if metrics is None else _parse_list(metrics, "--metrics"), config)
     check_writable(out, "--out")
-    check_out_dir(out, settings)
-
-    entries = [entry_name(m, p) for m in models for p in (protocols or [None])]
-    for line in stored_label_differences(out, entries, seeds, expected_labels):
-        log(f"note: {line}")
-    jobs = [(e, s) for e in entries for s in seeds if not run_file(out, e, s).is_file()]
-    skipped = [(e, s) for e in entries for s in seeds if (e, s) not in jobs]
-    if skipped:
-        log(f"{len(skipped)} run(s) already stored in {out / 'runs'}: skipped")
+    lock = lock_out_dir(out)  # two comparisons into one folder would mix their runs
     try:
-        if jobs and use_ray:
-            ray_options = dict(
-                address=ray_address, cpus_per_run=cpus_per_run, gpus_per_run=gpus_per_run
+        check_out_dir(out, settings)
+
+        entries = [entry_name(m, p) for m in models for p in (protocols or [None])]
+        for line in stored_label_differences(out, entries, seeds, expected_labels):
+            log(f"note: {line}")
+        jobs = [(e, s) for e in entries for s in seeds if not run_file(out, e, s).is_file()]
+        skipped = [(e, s) for e in entries for s in seeds if (e, s) not in jobs]
+        if skipped:
+            log(f"{len(skipped)} run(s) already stored in {out / 'runs'}: skipped")
+        try:
+            if jobs and use_ray:
+                ray_options = dict(
+                    address=ray_address, cpus_per_run=cpus_per_run, gpus_per_run=gpus_per_run
+                )
+                trained = run_on_ray(
+                    jobs, dataset, config_files, overrides, out, settings, log, ray_options, models,
+                    paper_models, references,
+                )  # fmt: skip
+            elif jobs:
+                trained = run_sequential(
+                    jobs, dataset, config_files, overrides, out, settings, log, tuple(models),
+                    paper_models, references,
+                )  # fmt: skip
+            else:
+                trained = []
+        except KeyboardInterrupt as interrupt:
+            from recbole_freq.quick_start import RunInterrupted
+
+            stored = sum(run_file(out, e, s).is_file() for e in entries for s in seeds)
+            partial = sorted((out / "partial").glob("*.resume.pth"))
+            kept = f"{stored} of {len(entries) * len(seeds)} runs are stored in {out / 'runs'}"
+            if partial:
+                kept += f"; the unfinished run keeps its completed epochs in {partial[0]}"
+            raise RunInterrupted(kept) from interrupt
+
+        records = {(e, s): load_run(run_file(out, e, s)) for e in entries for s in seeds}
+        # Baselines first, as in the papers' tables; given order within each group.
+        ordered = [m for m in models if m in baselines] + [m for m in models if m not in baselines]
+        rows, plot_rows, sections = [], [], []
+        for protocol in protocols or [None]:
+            group = [entry_name(m, protocol) for m in ordered]
+            labels = check_protocols(records, group, seeds, mixed_protocols)
+            group_rows = summarise(
+                records, group, seeds, metrics, {entry_name(m, protocol) for m in baselines}
             )
-            trained = run_on_ray(
-                jobs, dataset, config_files, overrides, out, settings, log, ray_options, models,
-                paper_models, references,
-            )  # fmt: skip
-        elif jobs:
-            trained = run_sequential(
-                jobs, dataset, config_files, overrides, out, settings, log, tuple(models),
-                paper_models, references,
-            )  # fmt: skip
-        else:
-            trained = []
-    except KeyboardInterrupt as interrupt:
-        from recbole_freq.quick_start import RunInterrupted
-
-        stored = sum(run_file(out, e, s).is_file() for e in entries for s in seeds)
-        partial = sorted((out / "partial").glob("*.resume.pth"))
-        kept = f"{stored} of {len(entries) * len(seeds)} runs are stored in {out / 'runs'}"
-        if partial:
-            kept += f"; the unfinished run keeps its completed epochs in {partial[0]}"
-        raise RunInterrupted(kept) from interrupt
-
-    records = {(e, s): load_run(run_file(out, e, s)) for e in entries for s in seeds}
-    # Baselines first, as in the papers' tables; given order within each group.
-    ordered = [m for m in models if m in baselines] + [m for m in models if m not in baselines]
-    rows, plot_rows, sections = [], [], []
-    for protocol in protocols or [None]:
-        group = [entry_name(m, protocol) for m in ordered]
-        labels = check_protocols(records, group, seeds, mixed_protocols)
-        group_rows = summarise(
-            records, group, seeds, metrics, {entry_name(m, protocol) for m in baselines}
-        )
-        add_per_user_tests(group_rows, records, seeds, metrics, correction)
-        for row in group_rows:
-            plot_rows.append(dict(row))  # named by entry: a model under each protocol
-            row["protocol"] = labels[row["model"]]
-            row["model"] = split_entry(row["model"])[0]
-        rows += group_rows
-        note = protocol_note(configs[protocol], sorted(set(labels.values())))
-        note += builtin_settings_note(records, group, seeds)
-        figures = published_figures(dataset, labels.values())
-        sections.append(
-            markdown_table(group_rows, metrics, dataset, seeds, note, correction)
-            + published_section(group_rows, metrics, figures, seeds)
-        )
-    if protocols:
-        sections = [
-            f"## Protocol {protocol}\n\n{section}" for protocol, section in zip(protocols, sections)
-        ]
-        sections.insert(0, protocol_side_by_side(rows, metrics, seeds, protocols))
-    markdown = "\n".join(sections)
-    files = {
-        "csv": out / "comparison.csv",
-        "markdown": out / "comparison.md",
-        "plot": out / "comparison.png",
-        "runs_csv": out / "runs.csv",
-    }
-    write_atomic(files["csv"], csv_text(rows))
-    write_atomic(files["markdown"], markdown)
-    entries_in_order = [row["model"] for row in plot_rows]
-    write_atomic(files["runs_csv"], runs_csv_text(records, entries_in_order, seeds, metrics))
-    save_plot(files["plot"], plot_rows, metrics, dataset, seeds)
-    return {
-        "rows": rows,
-        "markdown": markdown,
-        "files": files,
-        "trained": trained,
-        "skipped": skipped,
-        "metrics": metrics,
-        "baselines": [m for m in ordered if m in baselines],
-    }
+            add_per_user_tests(group_rows, records, seeds, metrics, correction)
+            for row in group_rows:
+                plot_rows.append(dict(row))  # named by entry: a model under each protocol
+                row["protocol"] = labels[row["model"]]
+                row["model"] = split_entry(row["model"])[0]
+            rows += group_rows
+            note = protocol_note(configs[protocol], sorted(set(labels.values())))
+            note += builtin_settings_note(records, group, seeds)
+            figures = published_figures(dataset, labels.values())
+            sections.append(
+                markdown_table(group_rows, metrics, dataset, seeds, note, correction)
+                + published_section(group_rows, metrics, figures, seeds)
+            )
+        if protocols:
+            sections = [
+                f"## Protocol {protocol}\n\n{section}"
+                for protocol, section in zip(protocols, sections)
+            ]
+            sections.insert(0, protocol_side_by_side(rows, metrics, seeds, protocols))
+        markdown = "\n".join(sections)
+        files = {
+            "csv": out / "comparison.csv",
+            "markdown": out / "comparison.md",
+            "plot": out / "comparison.png",
+            "runs_csv": out / "runs.csv",
+        }
+        write_atomic(files["csv"], csv_text(rows))
+        write_atomic(files["markdown"], markdown)
+        entries_in_order = [row["model"] for row in plot_rows]
+        write_atomic(files["runs_csv"], runs_csv_text(records, entries_in_order, seeds, metrics))
+        save_plot(files["plot"], plot_rows, metrics, dataset, seeds)
+        return {
+            "rows": rows,
+            "markdown": markdown,
+            "files": files,
+            "trained": trained,
+            "skipped": skipped,
+            "metrics": metrics,
+            "baselines": [m for m in ordered if m in baselines],
+        }
+    finally:
+        lock.release()
 
 
 __all__ = [

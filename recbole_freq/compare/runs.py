@@ -122,16 +122,98 @@ def partial_file(out: Path, model: str, seed: int) -> Path:
     return out / "partial" / f"{model}-seed{seed}.resume.pth"
 
 
+def record_digest(record: dict) -> str:
+    """sha256 of a run record as stored (its JSON, keys sorted), without its digest."""
+    body = {key: value for key, value in record.items() if key != "digest"}
+    text = json.dumps(body, sort_keys=True, default=str, allow_nan=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def load_run(path: Path) -> dict:
+    """A stored run, once it is whole and unedited: its digest (written with it) matches,
+    and every metric it holds is a finite number; ``ComparisonError`` naming the file
+    otherwise, so that no edited or broken file is tabulated as if measured."""
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise ComparisonError(
             f"cannot read run file {path}: {error}; delete it to redo the run"
         ) from error
-    if not isinstance(record, dict) or "settings" not in record or "summary" not in record:
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get("settings"), dict)
+        or not isinstance(record.get("summary"), dict)
+    ):
         raise ComparisonError(f"{path} is not a comparison run file; delete it to redo the run")
+    if "digest" in record and record["digest"] != record_digest(record):
+        raise ComparisonError(
+            f"{path} was changed after its run was stored (its digest no longer matches); "
+            "delete it to redo the run"
+        )
+    problem = _metrics_problem(record["summary"])
+    if problem:
+        raise ComparisonError(f"{path}: {problem}; delete it to redo the run")
     return record
+
+
+def _metrics_problem(summary: dict) -> str | None:
+    """Why the metrics of a stored run cannot be measurements, or None."""
+    import math
+
+    def results_problem(results, where: str) -> str | None:
+        if not isinstance(results, dict) or not results:
+            return f"its {where} holds no metrics"
+        for name, value in results.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return f"its {where} {name} is {value!r}, not a number"
+            if not math.isfinite(value):
+                return f"its {where} {name} is {value!r}, not a finite number"
+        return None
+
+    if "test_result" not in summary:
+        return "it holds no test_result"
+    problem = results_problem(summary["test_result"], "test_result")
+    extra = summary.get("extra_test_results") or {}
+    if not problem and not isinstance(extra, dict):
+        return "its extra_test_results is not a mapping of modes to metrics"
+    for mode, results in extra.items():
+        problem = problem or results_problem(results, f"extra_test_results {mode}")
+    return problem
+
+
+class OutDirLock:
+    """An exclusive lock on a comparison's ``--out`` folder (the folder itself: no lock
+    file is left behind), held while the comparison trains, stores and tabulates."""
+
+    def __init__(self, fd: int | None):
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the lock
+            self.fd = None
+
+
+def lock_out_dir(out: Path) -> OutDirLock:
+    """``ComparisonError`` if another comparison holds ``out``: two at once stored runs
+    of different settings side by side and tabulated them together."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: nothing to lock with
+        return OutDirLock(None)
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ComparisonError(
+            f"another comparison is writing {out} right now; wait for it to finish, or "
+            "give this one another --out"
+        ) from None
+    except OSError:
+        os.close(fd)
+        return OutDirLock(None)
+    return OutDirLock(fd)
 
 
 def check_out_dir(out: Path, settings: dict) -> None:
@@ -168,8 +250,10 @@ def _store_run(out: Path, settings: dict, model: str, seed: int, summary: dict) 
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         "summary": kept,
     }
+    record = json.loads(json.dumps(record, default=str))  # as it will read back
+    record["digest"] = record_digest(record)
     path = run_file(out, model, seed)
-    write_atomic(path, json.dumps(record, indent=2, default=str))
+    write_atomic(path, json.dumps(record, indent=2))
     return path
 
 

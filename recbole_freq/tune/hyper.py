@@ -11,6 +11,9 @@ import re
 from dataclasses import dataclass
 
 HYPER_TYPES = ("choice", "uniform", "quniform", "loguniform")
+# Values one quniform line may stand for: each is listed for grid and distinct-random
+# search (a range of 1e12 values filled the memory, MemoryError).
+MAX_GRID_VALUES = 100_000
 
 
 class HyperFileError(ValueError):
@@ -137,6 +140,13 @@ def parse_hyper_lines(lines, source: str = "<hyper>") -> dict[str, HyperParam]:
             if low > high:
                 raise HyperFileError(f"{where}: low {low} is above high {high}")
             param = HyperParam(name, kind, low=low, high=high, q=q, integer=integer, line=number)
+            count = math.floor(high / q + 1e-9) - math.ceil(low / q - 1e-9) + 1
+            if count > MAX_GRID_VALUES:
+                raise HyperFileError(
+                    f"{where}: quniform {low},{high},{q} has {count:,} values, more than the "
+                    f"{MAX_GRID_VALUES:,} a search space may list; raise the step q or narrow "
+                    "the range (or use uniform for a continuous one)"
+                )
             if not param.grid_values():
                 raise HyperFileError(f"{where}: no multiple of q={q} lies in [{low}, {high}]")
         else:
