@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from .download import (
@@ -14,6 +15,8 @@ from .download import (
     check_url,
     default_source,
     fetch,
+    partial_file,
+    place,
     source_of,
 )
 from .errors import DatasetPrepError, StatsMismatchError, UsageError
@@ -202,9 +205,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         parser.error(f"missing {', '.join(missing)} (or use --download, or --list)")
 
+    downloaded = None
     try:
         if args.download:
             args.raw, args.format = _download(args)
+            downloaded = Path(args.raw)
         result = convert(
             args.raw,
             args.out,
@@ -217,23 +222,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             force=args.force,
         )
     except StatsMismatchError as exc:
-        _error(f"{exc} Use --no-check to write it anyway.")
+        _error(f"{exc} Use --no-check to write it anyway.{_delete_hint(downloaded)}")
         return EXIT_USAGE
     except DownloadError as exc:
         _error(str(exc))
         return EXIT_FAILURE
     except DatasetPrepError as exc:
-        _error(str(exc))
+        _error(f"{exc}{_delete_hint(downloaded)}")
         return EXIT_USAGE
     except KeyboardInterrupt:
-        kept = " (the partial download is kept: run the same command again to resume)"
-        _error("interrupted; nothing was written" + (kept if args.download else ""))
+        _error("interrupted; nothing was written" + _partial_note(args))
         return EXIT_INTERRUPTED
     except OSError as exc:
         # Input errors are DatasetPrepError; an OSError here is about writing output.
         _error(f"cannot write output: {exc}")
         return EXIT_FAILURE
 
+    if downloaded is not None and downloaded.name.endswith(".part"):
+        placed = place(downloaded)  # verified by the counts (or --no-check): its name now
+        print(f"kept the download as {placed}")
     src = result.source
     print(f"{src.path} ({src.size:,} bytes, sha256 {src.sha256[:16]}..., format {result.format})")
     if result.details:
@@ -251,6 +258,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_OK
 
 
+def _delete_hint(downloaded) -> str:
+    """For an error about a download not yet verified (kept as ``<file>.part``): which
+    file to delete to download it again."""
+    if downloaded is None or not downloaded.name.endswith(".part"):
+        return ""
+    return f" (the downloaded file is {downloaded}: delete it to download it again)"
+
+
+def _partial_note(args: argparse.Namespace) -> str:
+    """What an interrupted download kept, as it is on disk (an empty part is no part)."""
+    from pathlib import Path
+
+    if not args.download:
+        return ""
+    try:
+        source = source_of(args.name, args.source or default_source(args.name))
+    except DatasetPrepError:
+        return ""
+    folder = Path(args.downloads or Path(args.out) / "downloads")
+    part = partial_file(folder / source.file)
+    try:
+        size = part.lstat().st_size
+    except OSError:
+        size = 0
+    if size == 0:
+        return " (nothing was downloaded yet)"
+    return f" ({size:,} bytes of the download are kept in {part}: run the same command again to resume)"
+
+
 def _download(args: argparse.Namespace) -> tuple[str, str]:
     """Fetch NAME's chosen source; the raw path and format to prepare."""
     from pathlib import Path
@@ -261,7 +297,7 @@ def _download(args: argparse.Namespace) -> tuple[str, str]:
     if args.url is not None:
         check_url(args.url)  # before any folder is made
     folder = Path(args.downloads or Path(args.out) / "downloads")
-    path = fetch(source, folder, url=args.url, show_progress=not args.quiet)
+    path = fetch(source, folder, url=args.url, show_progress=not args.quiet, defer=True)
     print(f"{path} ({path.stat().st_size:,} bytes, from {args.url or source.url})")
     return str(path), source.format
 

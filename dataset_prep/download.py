@@ -8,7 +8,14 @@ written to the downloads folder under its published name, whole or not at all:
 - the transfer goes to ``<file>.part``; an interrupted one (network, Ctrl-C) is resumed
   from where it stopped by the same command (an HTTP range request);
 - a file whose SHA-256 is recorded (`Source.sha256`) must have it; one that does not is
-  kept as ``<file>.unverified`` and never used;
+  kept as ``<file>.unverified`` and never used; a plain file with none recorded keeps the
+  ``.part`` name until the preparation's count check (or ``--no-check``) accepted it
+  (``fetch(..., defer=True)``, then ``place``): with no Content-Length, a cut transfer is
+  otherwise indistinguishable from a whole one;
+- a write failure (a full disk) is an error, never a shorter file, and a transfer slower
+  than ``STALL_BYTES`` per ``STALL_SECONDS`` is given up, the part kept for a resume;
+- ``.part`` files are opened without following links, and only as a regular file of the
+  current user with no other name;
 - an existing file of that name is never replaced: one with the recorded SHA-256 (or any,
   where none is recorded) is used as it is, one with another is refused;
 - an archive's member (the raw file inside a zip) is extracted the same way.
@@ -24,6 +31,7 @@ import http.client
 import os
 import shutil
 import stat
+import time
 import urllib.error
 import urllib.request
 import zipfile
@@ -35,7 +43,11 @@ from .pipeline import file_sha256
 
 RAW, ONE_LINE_SOURCE = "raw", "one-line"
 BLOCK = 1 << 16
-TIMEOUT_SECONDS = 60
+TIMEOUT_SECONDS = 60  # for each read
+# A transfer slower than this for a whole window is given up (the part is kept): a
+# server trickling a byte now and then would otherwise never end.
+STALL_SECONDS = 60.0
+STALL_BYTES = 1 << 14
 
 
 class DownloadError(DatasetPrepError):
@@ -137,18 +149,40 @@ def source_of(name: str, which: str) -> Source:
     return found
 
 
-def fetch(source: Source, folder: Path, url: str | None = None, show_progress=True) -> Path:
+def fetch(
+    source: Source, folder: Path, url: str | None = None, show_progress=True, defer=False
+) -> Path:
     """The path of ``source``'s file in ``folder`` (the member of an archive), downloaded
-    (or resumed) unless it is there already; see the module docstring."""
+    (or resumed) unless it is there already; see the module docstring.
+
+    ``defer``: a plain file with no recorded SHA-256 is returned as ``<file>.part``, its
+    transfer done; the caller gives it its name (``place``) once the published counts
+    have verified it, so that a truncated transfer (no Content-Length to compare, a full
+    disk) never sits under the published name to be reused."""
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / source.file
     if target.exists():
         _check_existing(target, source)
     else:
-        _download(url or source.url, target, source, show_progress)
+        unverified = defer and source.sha256 is None and source.member is None
+        _download(url or source.url, target, source, show_progress, place=not unverified)
+        if unverified:
+            return partial_file(target)
     if source.member is None:
         return target
     return _extract(target, source.member, folder)
+
+
+def partial_file(target: Path) -> Path:
+    """Where the transfer of ``target`` is written until it is verified."""
+    return target.with_name(target.name + ".part")
+
+
+def place(part: Path) -> Path:
+    """Give a verified ``<file>.part`` (``fetch(..., defer=True)``) its published name."""
+    target = part.with_name(part.name.removesuffix(".part"))
+    _place(part, target)
+    return target
 
 
 def _check_existing(target: Path, source: Source) -> None:
@@ -213,9 +247,9 @@ def check_url(url: str) -> None:
         )
 
 
-def _download(url: str, target: Path, source: Source, show_progress: bool) -> None:
+def _download(url: str, target: Path, source: Source, show_progress: bool, place=True) -> None:
     check_url(url)
-    part = target.with_name(target.name + ".part")
+    part = partial_file(target)
     existing = _own_part(part)
     offset = existing.st_size if existing is not None else 0
     headers = {"User-Agent": "recbole-freq dataset_prep"}
@@ -248,7 +282,8 @@ def _download(url: str, target: Path, source: Source, show_progress: bool) -> No
             f"{url}: the file received has sha256 {found}, not the published "
             f"{source.sha256}; it is kept as {unverified} and not used"
         )
-    _place(part, target)
+    if place:
+        _place(part, target)
 
 
 def _receive(response, part: Path, offset: int, url: str, show_progress: bool) -> None:
@@ -256,20 +291,35 @@ def _receive(response, part: Path, offset: int, url: str, show_progress: bool) -
     total = offset + int(length) if length is not None else None
     received = offset
     progress = _progress(total, offset, part.name, show_progress)
+    window_start, window_bytes = time.monotonic(), 0
     try:
         with _open_part(part, append=bool(offset)) as out:
             try:
                 while True:
-                    block = response.read(BLOCK)
+                    try:
+                        block = response.read1(BLOCK)  # as soon as any bytes arrive
+                    except http.client.IncompleteRead as error:
+                        block = error.partial  # what arrived before the connection dropped
+                        _write(out, block, part)
+                        received += len(block)
+                        break
+                    except OSError:  # the network failed: what arrived is kept
+                        break
                     if not block:
                         break
-                    out.write(block)
+                    _write(out, block, part)  # a write failure (a full disk) is an error
                     received += len(block)
+                    window_bytes += len(block)
                     progress.update(len(block))
-            except (http.client.IncompleteRead, OSError) as error:
-                if isinstance(error, http.client.IncompleteRead) and error.partial:
-                    out.write(error.partial)
-                    received += len(error.partial)
+                    if time.monotonic() - window_start >= STALL_SECONDS:
+                        if window_bytes < STALL_BYTES:
+                            raise DownloadInterrupted(
+                                f"{url}: the server sent {window_bytes:,} bytes in the last "
+                                f"{STALL_SECONDS:g} s (at least {STALL_BYTES:,} are expected); "
+                                f"{received:,} bytes are kept in {part}: run the same command "
+                                "again to resume, or give --url of a mirror"
+                            )
+                        window_start, window_bytes = time.monotonic(), 0
             finally:
                 out.flush()
                 os.fsync(out.fileno())
@@ -280,6 +330,16 @@ def _receive(response, part: Path, offset: int, url: str, show_progress: bool) -
             f"{url}: the transfer stopped after {received:,} of {total:,} bytes; the part is "
             f"kept in {part}: run the same command again to resume"
         )
+
+
+def _write(out, block: bytes, part: Path) -> None:
+    try:
+        out.write(block)
+    except OSError as error:
+        raise DownloadInterrupted(
+            f"cannot write {part}: {error.strerror or error}; the bytes received so far are "
+            "kept there: free space and run the same command again to resume"
+        ) from None
 
 
 def _progress(total, done, label, show):

@@ -205,8 +205,9 @@ def assert_all_ones_masks_give_the_backbone(denoiser, backbone, batch):
         )
 
 
-def main_with_ctrl_c_once(argv, when) -> int:
-    """``recbole_freq.cli.main(argv)`` with Ctrl-C (SIGINT to this process) as soon as ``when()`` holds."""
+def main_with_ctrl_c_once(argv, when, sig=None) -> int:
+    """``recbole_freq.cli.main(argv)`` with Ctrl-C (SIGINT to this process, or ``sig``) as
+    soon as ``when()`` holds."""
     import os
     import signal
     import threading
@@ -221,7 +222,7 @@ def main_with_ctrl_c_once(argv, when) -> int:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and not search_returned.is_set():
             if when():
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), sig or signal.SIGINT)
                 return
             time.sleep(0.05)
 

@@ -8,6 +8,7 @@ import io
 import os
 import random
 import threading
+import time
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -29,6 +30,8 @@ class FixtureServer(ThreadingHTTPServer):
         self.files: dict[str, bytes] = {}
         self.cut: dict[str, int] = {}
         self.requests: list[tuple[str, str | None]] = []
+        self.no_length: set[str] = set()  # sent without Content-Length
+        self.slow: dict[str, float] = {}  # seconds between bytes
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}/{name}"
@@ -49,12 +52,20 @@ class FixtureHandler(BaseHTTPRequestHandler):
             return
         body = data[start:]
         self.send_response(206 if asked else 200)
-        self.send_header("Content-Length", str(len(body)))
+        if name not in self.server.no_length:
+            self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         cut = self.server.cut.pop(name, None)
-        self.wfile.write(body if cut is None else body[:cut])
+        body = body if cut is None else body[:cut]
+        if name in self.server.slow:
+            for index in range(len(body)):
+                self.wfile.write(body[index : index + 1])
+                self.wfile.flush()
+                time.sleep(self.server.slow[name])
+        else:
+            self.wfile.write(body)
         self.wfile.flush()
-        if cut is not None:
+        if cut is not None or name in self.server.no_length:
             self.close_connection = True
 
     def log_message(self, *args):
@@ -277,3 +288,95 @@ def test_a_url_that_is_not_a_download_address_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--url 'notaurl' is not a download address" in err
     assert not out.exists()
+
+
+def test_a_truncated_download_without_length_never_gets_the_published_name(
+    tmp_path, server, monkeypatch, capsys
+):
+    data = one_line_fixture(tmp_path)
+    publish(monkeypatch, server, "lastfm", ONE_LINE_SOURCE, "LastFM.txt", data, "one-line",
+            sha256=None)  # fmt: skip
+    server.no_length.add("LastFM.txt")
+    server.cut["LastFM.txt"] = len(data) // 2  # the connection drops; nothing tells
+    out = tmp_path / "dataset"
+    command = ["lastfm", "--download", "--source=one-line", f"--out={out}", "--quiet"]
+    assert main(command) == 2  # the published counts refuse it
+    err = capsys.readouterr().err
+    part = out / "downloads" / "LastFM.txt.part"
+    assert f"the downloaded file is {part}: delete it to download it again" in err
+    assert not (out / "downloads" / "LastFM.txt").exists()
+    # Accepted on request (--no-check): only then does it take the published name.
+    part.unlink()
+    assert main([*command, "--no-check"]) == 0
+    assert (out / "downloads" / "LastFM.txt").read_bytes() == data and not part.exists()
+
+
+def test_a_full_disk_during_a_download_is_an_error_not_a_shorter_file(
+    tmp_path, server, monkeypatch, capsys
+):
+    import errno
+
+    data = one_line_fixture(tmp_path)
+    publish(monkeypatch, server, "lastfm", ONE_LINE_SOURCE, "LastFM.txt", data, "one-line",
+            sha256=None)  # fmt: skip
+    original = download._open_part
+
+    class FullDisk:
+        def __init__(self, handle):
+            self.handle, self.written = handle, 0
+
+        def write(self, block):
+            if self.written + len(block) > 100:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.written += len(block)
+            return self.handle.write(block)
+
+        def __getattr__(self, name):
+            return getattr(self.handle, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.handle.__exit__(*exc)
+
+    monkeypatch.setattr(
+        download, "_open_part", lambda part, append: FullDisk(original(part, append))
+    )
+    out = tmp_path / "dataset"
+    command = ["lastfm", "--download", "--source=one-line", f"--out={out}", "--quiet", "--no-check"]
+    assert main(command) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No space left on device" in err
+    assert not (out / "downloads" / "LastFM.txt").exists() and not (out / "lastfm").exists()
+
+
+def test_a_server_that_trickles_is_given_up_with_the_part_kept(
+    tmp_path, server, monkeypatch, capsys
+):
+    data = one_line_fixture(tmp_path)[:400]
+    publish(monkeypatch, server, "lastfm", ONE_LINE_SOURCE, "LastFM.txt", data, "one-line")
+    server.slow["LastFM.txt"] = 0.02
+    monkeypatch.setattr(download, "STALL_SECONDS", 0.5)
+    monkeypatch.setattr(download, "STALL_BYTES", 1000)
+    out = tmp_path / "dataset"
+    command = ["lastfm", "--download", "--source=one-line", f"--out={out}", "--quiet"]
+    assert main(command) == 1
+    err = capsys.readouterr().err
+    assert "bytes in the last 0.5 s (at least 1,000 are expected)" in err
+    assert "run the same command again to resume" in err
+    assert (out / "downloads" / "LastFM.txt.part").stat().st_size > 0
+
+
+def test_ctrl_c_before_any_byte_says_nothing_was_downloaded(tmp_path, server, monkeypatch, capsys):
+    data = one_line_fixture(tmp_path)
+    publish(monkeypatch, server, "lastfm", ONE_LINE_SOURCE, "LastFM.txt", data, "one-line")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(download.urllib.request, "urlopen", interrupted)
+    out = tmp_path / "dataset"
+    assert main(["lastfm", "--download", "--source=one-line", f"--out={out}", "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert "nothing was downloaded yet" in err and "is kept" not in err

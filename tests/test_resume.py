@@ -159,3 +159,48 @@ def test_a_forged_resume_state_writes_only_beside_itself(small_config, tmp_path,
     assert summary["checkpoint"] == str(forged.parent.resolve() / "run.pth")
     assert load_checkpoint(summary["checkpoint"])["state_dict"]  # the best weights, written
     assert sorted(p.name for p in forged.parent.iterdir()) == ["run.json", "run.pth"]
+
+
+def _start(argv, cwd):
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "run_recbole_freq.py"
+    return subprocess.Popen(
+        [sys.executable, str(script), *argv],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_sigterm_in_a_training_run_is_one_line_the_resume_command_and_143(small_config, tmp_path):
+    import signal
+    import time
+
+    process = _start(
+        ["--model=SASRec", "--dataset=tiny", *cli(dict(small_config, epochs=500))], tmp_path
+    )
+    saved = Path(small_config["checkpoint_dir"])
+    deadline = time.monotonic() + 120
+    while not list(saved.glob("*.resume.pth")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 143, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("interrupted: training stopped in epoch") and "--resume " in last
+
+
+def test_ctrl_c_while_starting_is_one_line_and_130(tmp_path):
+    import signal
+    import time
+
+    process = _start(["--model=SASRec", "--dataset=tiny"], tmp_path)
+    time.sleep(0.4)  # torch and RecBole are still being imported
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith("interrupted:"), err
+    assert "Traceback" not in err

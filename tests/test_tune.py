@@ -433,9 +433,13 @@ def test_tuning_a_dataset_key_loads_the_data_in_each_trial(ray_session, small_co
     assert yaml.safe_load(open(summary["best_yaml"]))["MAX_ITEM_LIST_LENGTH"] == 8
 
 
+@pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
 def test_ctrl_c_in_a_search_keeps_finished_trials_and_names_the_resume_command(
-    ray_session, tiny_data, tmp_path, capsys
+    ray_session, tiny_data, tmp_path, capsys, sig, code
 ):
+    """Ctrl-C, and SIGTERM handled as Ctrl-C (Ray's own handler aborted the driver)."""
+    import signal
+
     hyper = _hyper(tmp_path, "alpha choice [0.1,0.5,0.9]\n")
     settings = dict(SMALL_MODEL, epochs=2, data_path=str(tiny_data), checkpoint_dir="saved")
     # RecBole's run_hyper.py flags: --params_file names the space, --output_file the report.
@@ -449,9 +453,9 @@ def test_ctrl_c_in_a_search_keeps_finished_trials_and_names_the_resume_command(
     def first_trial_finished():
         return any('"final": true' in p.read_text() for p in experiment.glob("*/result.json"))
 
-    code = main_with_ctrl_c_once(argv, first_trial_finished)
+    returned = main_with_ctrl_c_once(argv, first_trial_finished, getattr(signal, sig))
     err = capsys.readouterr().err
-    assert code == 130, err
+    assert returned == code, err
     line = err.strip().splitlines()[-1]
     assert line.startswith("interrupted: the search stopped")
     assert "Tuner.restore" not in err

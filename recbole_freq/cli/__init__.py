@@ -3,7 +3,8 @@
 
 ``main`` picks the job from its flag, imports that job's command-line module (each a thin
 layer over the job's Python API, which never imports the command line) and applies one
-rule to every failure (``common.exit_code``) and interrupt (exit code 130).
+rule to every failure (``common.exit_code``) and interrupt (exit code 130; SIGTERM is
+handled as Ctrl-C, exit code 143).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import sys
 
 from recbole_freq.cli.common import UsageError, report_error, report_interrupt
+from recbole_freq.signals import catch_sigterm
 
 # The flag that selects a job other than training -> the job's command-line module.
 JOBS = ("--hyper_file", "--compare", "--analyze", "--recommend", "--evaluate")
@@ -54,7 +56,10 @@ def job_module(flag: str | None):
 
 def main(argv=None) -> int:
     """The entry point: every job, one rule for failures (``exit_code``) and interrupts."""
+    import signal
+
     argv = with_plugin_flags(list(sys.argv[1:] if argv is None else argv))
+    previous = catch_sigterm()
     try:
         flag = selected_job(argv)
         job = job_module(flag)
@@ -66,6 +71,9 @@ def main(argv=None) -> int:
         return report_interrupt(interrupt)
     except UsageError as error:
         return report_error(error)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 __all__ = ["main", "selected_job", "job_module", "report_error"]

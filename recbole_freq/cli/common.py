@@ -2,7 +2,7 @@
 interrupt reporter, one set of exit codes.
 
 - ``exit_code``: 0 done, 1 an output could not be written or the device ran out of
-  memory, 2 bad usage or input, 130 interrupted;
+  memory, 2 bad usage or input, 130 interrupted (143 after SIGTERM);
 - ``report_error`` / ``report_interrupt``: exactly one line on stderr
   (``RECBOLE_FREQ_DEBUG=1`` re-raises with the traceback);
 - ``CommandLineParser``: argparse whose errors follow the same rule.
@@ -20,6 +20,7 @@ from recbole_freq.data import DatasetNotPreparedError
 from recbole_freq.files import OutputWriteError
 from recbole_freq.memory import TrainingOutOfMemory
 from recbole_freq.quick_start import RunInterrupted
+from recbole_freq.signals import terminated
 
 EXPECTED_ERRORS = (
     UnknownModelError,
@@ -90,9 +91,10 @@ def parse_overrides(extra: list[str], parser: argparse.ArgumentParser) -> dict:
 
 
 def report_interrupt(error: KeyboardInterrupt) -> int:
-    """Ctrl-C anywhere: one line saying what was kept and how to continue; exit 130."""
+    """Ctrl-C anywhere: one line saying what was kept and how to continue; exit 130, or
+    143 after SIGTERM."""
     if os.environ.get("RECBOLE_FREQ_DEBUG"):
         raise error
     message = str(error) if isinstance(error, RunInterrupted) else "nothing was written"
     print("interrupted: " + " ".join(message.split()), file=sys.stderr)
-    return 130
+    return 143 if terminated() else 130

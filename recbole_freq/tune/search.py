@@ -460,6 +460,7 @@ def _fit(trainable, searcher, metric_mode, scheduler, where, verbose):
     def keep_event():
         event = setup()
         events.append(event)
+        _stop_gracefully_on_sigterm(event)
         return event
 
     if setup is not None:
@@ -471,6 +472,24 @@ def _fit(trainable, searcher, metric_mode, scheduler, where, verbose):
         if setup is not None:
             ray_tune_run._setup_signal_catching = setup
     return results, any(event.is_set() for event in events)
+
+
+def _stop_gracefully_on_sigterm(event) -> None:
+    """SIGTERM stops a search as Ctrl-C does (Ray saves its state and returns), instead
+    of Ray's own handler, which aborted the driver with a C stack dump (exit -6)."""
+    import signal
+    import threading
+
+    from recbole_freq.signals import mark_terminated
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum, frame):
+        mark_terminated()
+        event.set()
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def default_search_name(model: str, dataset: str) -> str:
