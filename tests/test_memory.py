@@ -144,3 +144,14 @@ def test_running_out_of_memory_while_training_is_one_line_exit_1(small_config, c
     err = capsys.readouterr().err.strip()
     assert code == 1 and len(err.splitlines()) == 1
     assert err.startswith("error: out of memory on cpu while running BSARec (train_batch_size=64")
+
+
+def test_tisasrec_at_length_2000_is_refused_before_its_relations_fill_the_memory(small_config):
+    config, dataset = tiny_dataset(
+        small_config, model="TiSASRec", MAX_ITEM_LIST_LENGTH=2000, train_batch_size=256
+    )
+    shape = step_shape(config, dataset.item_num)
+    relations = 4.2 * 256 * shape.layers * 2000**2 * shape.hidden * 4
+    assert estimate_bytes("TiSASRec", shape) >= relations  # the (b, n, n, d) tensors count
+    with pytest.raises(MemoryGuardError, match=r"^TiSASRec needs about .* GiB per training step"):
+        check_memory(config, dataset)
