@@ -531,6 +531,8 @@ def check_atomic_columns(config) -> None:
             header = handle.readline().rstrip("\r\n").split(config["field_separator"] or "\t")
         present = [column.split(":")[0] for column in header]
         missing = [column for column in dict.fromkeys(wanted) if column not in present]
+        if not missing and config["benchmark_filename"] and sequential:
+            _check_list_lengths(config, inter, present.index(wanted[1]))
         if missing:
             raise ValueError(
                 f"{inter} has columns {present}, but the run reads {list(dict.fromkeys(wanted))}; "
@@ -542,6 +544,29 @@ def check_atomic_columns(config) -> None:
                     else ""
                 )
             )
+
+
+def _check_list_lengths(config, inter, column: int) -> None:
+    """The input lists of a pre-split file must fit ``MAX_ITEM_LIST_LENGTH``: RecBole
+    copies each into a row of that width and failed with an ``IndexError``."""
+    longest, line_number = 0, 0
+    separator = config["field_separator"] or "\t"
+    list_separator = config["seq_separator"] or " "
+    with open(inter, encoding="utf-8", errors="replace") as handle:
+        next(handle, None)
+        for number, line in enumerate(handle, start=2):
+            fields = line.rstrip("\r\n").split(separator)
+            if column < len(fields):
+                size = len([t for t in fields[column].split(list_separator) if t])
+                if size > longest:
+                    longest, line_number = size, number
+    if longest > config["MAX_ITEM_LIST_LENGTH"]:
+        raise ValueError(
+            f"{inter}, line {line_number}: an input list of {longest} items, more than "
+            f"MAX_ITEM_LIST_LENGTH={config['MAX_ITEM_LIST_LENGTH']}; set "
+            f"MAX_ITEM_LIST_LENGTH to at least {longest}, or write the files with the "
+            "lists cut to their most recent items"
+        )
 
 
 def check_timestamps(config) -> None:

@@ -149,3 +149,16 @@ def test_pre_split_input_lists_share_the_targets_item_ids(tiny_data, tmp_path):
     next_last = feat["item_id_list"][1:].gather(1, (feat["item_length"][1:] - 1)[:, None])[:, 0]
     assert same_user.sum() > 100
     assert torch.equal(next_last[same_user], feat["item_id"][:-1][same_user])
+
+
+def test_input_lists_longer_than_max_item_list_length_are_one_line(tiny_data, tmp_path):
+    pre_split = write_pre_split(tiny_data, tmp_path / "pre-split")
+    settings = dict(
+        SMALL_MODEL, data_path=str(pre_split), benchmark_filename=PARTS,
+        checkpoint_dir=str(tmp_path / "saved"), MAX_ITEM_LIST_LENGTH=5,
+    )  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"tiny\.train\.inter, line \d+: an input list of \d+ items, more than MAX_ITEM_LIST_LENGTH=5",
+    ):
+        run("SASRec", "tiny", config_dict=settings)
