@@ -23,15 +23,16 @@ def _save_figure(figure, path: Path) -> None:
         plt.close(figure)
 
 
-def write_figures(results: list[dict], out: Path) -> list[str]:
-    """PNG figures of one or more analysed checkpoints; returns the file names."""
+def write_figures(results: list[dict], out: Path, written: list | None = None) -> list[str]:
+    """PNG figures of one or more analysed checkpoints; returns the file names, which are
+    also appended to ``written`` as each file is complete (what a failure left behind)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    written = []
+    written = [] if written is None else written
 
     n_layers = max(len(r["attention_layers"]) for r in results)
     figure, axes = plt.subplots(

@@ -560,3 +560,26 @@ def test_a_checkpoint_value_of_the_wrong_shape_is_refused(genuine, tmp_path, key
     torch.save(checkpoint, edited)
     with pytest.raises(CheckpointError, match=message):
         load_checkpoint(edited)
+
+
+def test_analyze_on_a_full_disk_names_what_it_did_write(genuine, tmp_path, capsys, monkeypatch):
+    import errno
+
+    import recbole_freq.files as files
+
+    original, calls = files._write_content, []
+
+    def full_after_two(handle, content):
+        calls.append(handle)
+        if len(calls) > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(handle, content)
+
+    monkeypatch.setattr(files, "_write_content", full_after_two)
+    out = tmp_path / "analysis"
+    assert main(["--analyze", genuine["checkpoint"], "--out", str(out), "--max_sequences=8"]) == 1
+    err = capsys.readouterr().err.splitlines()[-1]  # after the line naming the checkpoint
+    assert err.startswith("error: ") and "No space left on device" in err
+    written = [p.name for p in out.iterdir() if p.suffix == ".png"]
+    assert len(written) == 2 and all(name in err for name in written)
+    assert f"were written to {out}" in err and "nothing was written" not in err

@@ -68,8 +68,9 @@ def cli(argv: list[str]) -> int:
     except (*EXPECTED_ERRORS, CheckpointError, UntrustedCheckpointError) as error:
         return report_error(error)
     label_results(results)
+    figures = []
     try:
-        figures = write_figures(results, out)
+        write_figures(results, out, figures)
         report = {
             "definitions": "see recbole_freq/analysis.py",
             "figures": figures,
@@ -77,6 +78,11 @@ def cli(argv: list[str]) -> int:
         }
         write_atomic(out / "analysis.json", json.dumps(report, indent=1))
     except OutputWriteError as error:
-        return report_error(error)
+        # The failed file was not written; the figures before it were, and are named.
+        if not figures:
+            return report_error(error)
+        failed = str(error).replace("; nothing was written", "")  # of that one file
+        done = f"of this analysis, {', '.join(figures)} were written to {out}"
+        return report_error(OutputWriteError(error.errno, f"{failed}; {done}"))
     print(f"wrote {', '.join(figures)} and analysis.json to {out}")
     return 0
