@@ -209,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.download:
             args.raw, args.format = _download(args)
-            downloaded = Path(args.raw)
+            downloaded = _unverified_files(args, Path(args.raw))
         result = convert(
             args.raw,
             args.out,
@@ -238,8 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(f"cannot write output: {exc}")
         return EXIT_FAILURE
 
-    if downloaded is not None and downloaded.name.endswith(".part"):
-        placed = place(downloaded)  # verified by the counts (or --no-check): its name now
+    if downloaded and downloaded[0].name.endswith(".part"):
+        placed = place(downloaded[0])  # verified by the counts (or --no-check): its name now
         print(f"kept the download as {placed}")
     src = result.source
     print(f"{src.path} ({src.size:,} bytes, sha256 {src.sha256[:16]}..., format {result.format})")
@@ -259,11 +259,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _delete_hint(downloaded) -> str:
-    """For an error about a download not yet verified (kept as ``<file>.part``): which
-    file to delete to download it again."""
-    if downloaded is None or not downloaded.name.endswith(".part"):
+    """For an error about a download that no recorded SHA-256 verified: which files to
+    delete to download it again (the ``.part`` file, or an archive and its member)."""
+    if not downloaded:
         return ""
-    return f" (the downloaded file is {downloaded}: delete it to download it again)"
+    names = " and ".join(str(path) for path in downloaded)
+    return f" (the downloaded file{'s are' if len(downloaded) > 1 else ' is'} {names}: delete {'them' if len(downloaded) > 1 else 'it'} to download again)"
+
+
+def _unverified_files(args: argparse.Namespace, path: Path) -> list[Path]:
+    """The downloaded files that only the counts can verify (no recorded SHA-256)."""
+    source = source_of(args.name, args.source or default_source(args.name))
+    if source.sha256 is not None:
+        return []
+    if source.member is None:
+        return [path]
+    folder = Path(args.downloads or Path(args.out) / "downloads")
+    return [folder / source.file, path]
 
 
 def _partial_note(args: argparse.Namespace) -> str:

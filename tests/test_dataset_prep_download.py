@@ -303,7 +303,7 @@ def test_a_truncated_download_without_length_never_gets_the_published_name(
     assert main(command) == 2  # the published counts refuse it
     err = capsys.readouterr().err
     part = out / "downloads" / "LastFM.txt.part"
-    assert f"the downloaded file is {part}: delete it to download it again" in err
+    assert f"the downloaded file is {part}: delete it to download again" in err
     assert not (out / "downloads" / "LastFM.txt").exists()
     # Accepted on request (--no-check): only then does it take the published name.
     part.unlink()
@@ -380,3 +380,21 @@ def test_ctrl_c_before_any_byte_says_nothing_was_downloaded(tmp_path, server, mo
     assert main(["lastfm", "--download", "--source=one-line", f"--out={out}", "--quiet"]) == 130
     err = capsys.readouterr().err
     assert "nothing was downloaded yet" in err and "is kept" not in err
+
+
+def test_a_wrong_archive_from_a_mirror_names_the_files_to_delete(
+    tmp_path, server, monkeypatch, capsys
+):
+    archive, _ = lastfm_archive()
+    publish(
+        monkeypatch, server, "lastfm", RAW, "hetrec2011-lastfm-2k.zip", archive,
+        "lastfm-hetrec", sha256=None, member="user_taggedartists-timestamps.dat",
+    )  # fmt: skip
+    out = tmp_path / "dataset"
+    assert main(["lastfm", "--download", "--out", str(out), "--quiet"]) == 2  # counts differ
+    err = capsys.readouterr().err
+    downloads = out / "downloads"
+    assert (
+        f"the downloaded files are {downloads / 'hetrec2011-lastfm-2k.zip'} and "
+        f"{downloads / 'user_taggedartists-timestamps.dat'}: delete them to download again"
+    ) in err
