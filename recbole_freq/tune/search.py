@@ -60,7 +60,8 @@ def check_search_folder_trusted(folder: Path) -> None:
     def problem(path: Path, info) -> str | None:
         if info.st_uid != me:
             return f"{path} belongs to uid {info.st_uid}, not to you (uid {me})"
-        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        group_writes = info.st_mode & stat.S_IWGRP and not _private_group(info.st_gid)
+        if info.st_mode & stat.S_IWOTH or group_writes:
             return f"{path} is writable by others (mode {stat.S_IMODE(info.st_mode):o})"
         return None
 
@@ -81,6 +82,20 @@ def check_search_folder_trusted(folder: Path) -> None:
             "runs as code when read: resume only a search folder that you alone could have "
             "written (or start afresh with another --name)"
         )
+
+
+def _private_group(gid: int) -> bool:
+    """Whether group ``gid`` is the current user's own (a user-private group, as a umask
+    of 002 expects): its write permission then lets no one else in."""
+    try:
+        import grp
+        import pwd
+
+        group = grp.getgrgid(gid)
+        me = pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return False
+    return gid == os.getegid() and set(group.gr_mem) <= {me} and group.gr_name == me
 
 
 def _validate_space(space, config, fixed):
