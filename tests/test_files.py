@@ -50,8 +50,8 @@ def disk_full_after(monkeypatch):
 
         def open_temporary(path):
             handle = original(path)
-            # The temporary of <name> is .<name>.<random>.tmp
-            if not path.name[1:].rsplit(".", 2)[0].endswith(suffix):
+            # The temporary of <name> is .<name>.recbole-freq.<pid>-<random>.tmp
+            if not path.name[1:].split(".recbole-freq.")[0].endswith(suffix):
                 return handle
             failed.append(path.name)
             return DiskFullAfter(handle, limit)
@@ -103,14 +103,15 @@ def test_a_link_planted_at_the_temporary_name_is_never_followed(tmp_path, monkey
     assert planted.is_symlink()  # not ours: left alone
 
 
-def test_a_link_at_the_target_is_replaced_not_followed(tmp_path):
+def test_a_link_at_the_target_is_refused_neither_followed_nor_replaced(tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("the user's file\n")
     target = tmp_path / "out.csv"
     target.symlink_to(victim)
-    write_atomic(target, "a,b\n")
+    with pytest.raises(OutputPathError, match="it is a symbolic link"):
+        write_atomic(target, "a,b\n")
     assert victim.read_text() == "the user's file\n"
-    assert not target.is_symlink() and target.read_text() == "a,b\n"
+    assert target.is_symlink() and leftovers(tmp_path) == []
 
 
 def test_temporary_names_are_unpredictable(tmp_path):

@@ -130,7 +130,11 @@ def test_the_papers_protocols_pad_left_and_labels_say_otherwise(tiny_data, small
 def test_a_stored_run_of_another_layout_is_named_when_skipped(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
-    record = {"settings": {}, "summary": {"protocol": {"label": "bsarec+sequence_layout=right"}}}
+    summary = {
+        "protocol": {"label": "bsarec+sequence_layout=right"},
+        "test_result": {"hit@10": 0.1},
+    }
+    record = {"settings": {}, "summary": summary}
     (runs / "BSARec-seed42.json").write_text(json.dumps(record))
     label = {"BSARec": "bsarec+sequence_layout=right"}
     assert stored_label_differences(tmp_path, ["BSARec"], [42], label) == []
