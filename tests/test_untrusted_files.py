@@ -583,3 +583,17 @@ def test_analyze_on_a_full_disk_names_what_it_did_write(genuine, tmp_path, capsy
     written = [p.name for p in out.iterdir() if p.suffix == ".png"]
     assert len(written) == 2 and all(name in err for name in written)
     assert f"were written to {out}" in err and "nothing was written" not in err
+
+
+def test_a_crafted_partial_run_of_a_comparison_runs_nothing(
+    genuine, small_config, tmp_path, marker
+):
+    from recbole_freq.compare import compare
+
+    out = tmp_path / "cmp"
+    craft(genuine["checkpoint"], tmp_path / "evil.pth", marker)
+    (out / "partial").mkdir(parents=True)
+    (tmp_path / "evil.pth").rename(out / "partial" / "SASRec-seed5.resume.pth")
+    overrides = {k: v for k, v in dict(small_config, epochs=1).items() if k != "seed"}
+    with pytest.raises(UntrustedCheckpointError, match="passes <class 'recbole.config"):
+        compare("SASRec", "tiny", seeds="5", overrides=overrides, out=out)
