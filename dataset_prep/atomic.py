@@ -150,10 +150,11 @@ def staged_output(directory: Path | str) -> Iterator[Stage]:
             os.close(lock)  # releases the lock
 
 
-def _lock_folder(directory: Path) -> int | None:
-    """An exclusive lock on ``directory`` itself (no lock file is left behind): two
-    preparations of one dataset at once would otherwise publish the files of two inputs
-    side by side.  None where folders cannot be locked (then nothing is excluded)."""
+def lock_folder(directory: Path, busy_message: str) -> int | None:
+    """An exclusive lock on ``directory`` itself (no lock file is left behind), as an
+    open descriptor (closing it releases the lock); ``UsageError(busy_message)`` if
+    another process holds it, None where folders cannot be locked (then nothing is
+    excluded)."""
     try:
         import fcntl
     except ImportError:  # not POSIX
@@ -163,14 +164,21 @@ def _lock_folder(directory: Path) -> int | None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise UsageError(
-            f"another dataset_prep is writing {directory} right now; wait for it to finish "
-            "and run again"
-        ) from None
+        raise UsageError(busy_message) from None
     except OSError:
         os.close(fd)
         return None
     return fd
+
+
+def _lock_folder(directory: Path) -> int | None:
+    """Two preparations of one dataset at once would otherwise publish the files of two
+    inputs side by side."""
+    return lock_folder(
+        directory,
+        f"another dataset_prep is writing {directory} right now; wait for it to finish "
+        "and run again",
+    )
 
 
 def _make_dirs(directory: Path) -> list[Path]:

@@ -208,8 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     downloaded = None
     try:
         if args.download:
-            args.raw, args.format = _download(args)
-            downloaded = _unverified_files(args, Path(args.raw))
+            path, source = _download(args)
+            args.raw, args.format = str(path), source.format
+            downloaded = _unverified_files(source, _downloads_folder(args), path)
         result = convert(
             args.raw,
             args.out,
@@ -267,29 +268,29 @@ def _delete_hint(downloaded) -> str:
     return f" (the downloaded file{'s are' if len(downloaded) > 1 else ' is'} {names}: delete {'them' if len(downloaded) > 1 else 'it'} to download again)"
 
 
-def _unverified_files(args: argparse.Namespace, path: Path) -> list[Path]:
+def _source(args: argparse.Namespace):
+    return source_of(args.name, args.source or default_source(args.name))
+
+
+def _downloads_folder(args: argparse.Namespace) -> Path:
+    return Path(args.downloads or Path(args.out) / "downloads")
+
+
+def _unverified_files(source, folder: Path, path: Path) -> list[Path]:
     """The downloaded files that only the counts can verify (no recorded SHA-256)."""
-    source = source_of(args.name, args.source or default_source(args.name))
     if source.sha256 is not None:
         return []
-    if source.member is None:
-        return [path]
-    folder = Path(args.downloads or Path(args.out) / "downloads")
-    return [folder / source.file, path]
+    return [path] if source.member is None else [folder / source.file, path]
 
 
 def _partial_note(args: argparse.Namespace) -> str:
     """What an interrupted download kept, as it is on disk (an empty part is no part)."""
-    from pathlib import Path
-
     if not args.download:
         return ""
     try:
-        source = source_of(args.name, args.source or default_source(args.name))
+        part = partial_file(_downloads_folder(args) / _source(args).file)
     except DatasetPrepError:
         return ""
-    folder = Path(args.downloads or Path(args.out) / "downloads")
-    part = partial_file(folder / source.file)
     try:
         size = part.lstat().st_size
     except OSError:
@@ -299,19 +300,17 @@ def _partial_note(args: argparse.Namespace) -> str:
     return f" ({size:,} bytes of the download are kept in {part}: run the same command again to resume)"
 
 
-def _download(args: argparse.Namespace) -> tuple[str, str]:
-    """Fetch NAME's chosen source; the raw path and format to prepare."""
-    from pathlib import Path
-
+def _download(args: argparse.Namespace):
+    """Fetch NAME's chosen source; the path to prepare and the source."""
     if args.format is not None:
         raise UsageError("--download knows each file's format; give --source, not --format")
-    source = source_of(args.name, args.source or default_source(args.name))
+    source = _source(args)
     if args.url is not None:
         check_url(args.url)  # before any folder is made
-    folder = Path(args.downloads or Path(args.out) / "downloads")
+    folder = _downloads_folder(args)
     path = fetch(source, folder, url=args.url, show_progress=not args.quiet, defer=True)
     print(f"{path} ({path.stat().st_size:,} bytes, from {args.url or source.url})")
-    return str(path), source.format
+    return path, source
 
 
 def _table_options(args: argparse.Namespace) -> TableOptions | None:

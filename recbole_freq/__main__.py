@@ -1,22 +1,8 @@
 """``python -m recbole_freq``: the same command line as ``run_recbole_freq.py``."""
 
-import signal
 import sys
 
-terminated = []
-
-
-def _stop(signum, frame):
-    terminated.append(signum)
-    raise KeyboardInterrupt
-
-
-try:  # importing torch and RecBole takes seconds: Ctrl-C or SIGTERM may come meanwhile
-    signal.signal(signal.SIGTERM, _stop)
-    from recbole_freq.cli import main
-except KeyboardInterrupt:
-    print("interrupted: while starting; nothing was written", file=sys.stderr)
-    sys.exit(143 if terminated else 130)
+from recbole_freq.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -297,22 +297,23 @@ def _tagged(value: dict, where: str):
     )
 
 
-def allowed_class(module, name):
-    """The class ``module.name`` if a config may refer to it: a recommender class of
-    ``recbole.model`` / ``recbole_freq.model``, or one of the yaml loaders configs keep."""
+def config_loaders() -> tuple:
+    """The yaml loader classes a RecBole or plugin ``Config`` keeps (``yaml_loader``)."""
     import yaml
 
     from recbole_freq.config import SafeConfigLoader
+
+    return (yaml.loader.FullLoader, yaml.loader.Loader, yaml.loader.SafeLoader, SafeConfigLoader)
+
+
+def allowed_class(module, name):
+    """The class ``module.name`` if a config may refer to it: a recommender class of
+    ``recbole.model`` / ``recbole_freq.model``, or one of the yaml loaders configs keep."""
     from recbole_freq.safe_pickle import model_class
 
     if not isinstance(module, str) or not isinstance(name, str):
         return None
-    for loader in (
-        yaml.loader.FullLoader,
-        yaml.loader.Loader,
-        yaml.loader.SafeLoader,
-        SafeConfigLoader,
-    ):
+    for loader in config_loaders():
         if (loader.__module__, loader.__qualname__) == (module, name):
             return loader
     return model_class(module, name)

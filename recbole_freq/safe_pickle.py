@@ -14,7 +14,7 @@ import pickletools
 import types
 import zipfile
 
-from recbole_freq.checkpoint_schema import CheckpointError
+from recbole_freq.checkpoint_schema import ENUM_NAMES, CheckpointError, config_loaders
 from recbole_freq.compat import UntrustedCheckpointError
 
 MODEL_PACKAGES = ("recbole.model.", "recbole_freq.model.")
@@ -24,7 +24,6 @@ def _fixed_allowlist() -> dict[tuple[str, str], tuple[object, str]]:
     """``(module, name) -> (object, use)``; use is ``call``, ``new`` or ``reference``."""
     import numpy as np
     import torch
-    import yaml
     from recbole.config import Config
     from recbole.utils import enum_type
     from torch._weights_only_unpickler import _get_allowed_globals
@@ -32,17 +31,7 @@ def _fixed_allowlist() -> dict[tuple[str, str], tuple[object, str]]:
     from recbole_freq.config import FreqConfig
 
     callables = [torch.device, np.dtype, np._core.multiarray.scalar]
-    callables += [
-        getattr(enum_type, name)
-        for name in (
-            "ModelType",
-            "InputType",
-            "EvaluatorType",
-            "FeatureType",
-            "FeatureSource",
-            "KGDataLoaderState",
-        )
-    ]
+    callables += [getattr(enum_type, name) for name in ENUM_NAMES]
     # numpy >= 1.25 pickles a dtype through its class (``numpy.dtypes.Float64DType`` ...).
     callables += [type(np.dtype(code)) for code in "?bhilqBHILQefdgFDGUSO"]
     allow = {(obj.__module__, obj.__qualname__): (obj, "call") for obj in callables}
@@ -54,10 +43,7 @@ def _fixed_allowlist() -> dict[tuple[str, str], tuple[object, str]]:
         allow.setdefault((module, name), (obj, "call"))
     for config_class in (Config, FreqConfig):
         allow[(config_class.__module__, config_class.__qualname__)] = (config_class, "new")
-    from recbole_freq.config import SafeConfigLoader
-
-    loaders = (yaml.loader.FullLoader, yaml.loader.Loader, yaml.loader.SafeLoader)
-    for loader in (*loaders, SafeConfigLoader):
+    for loader in config_loaders():
         allow[(loader.__module__, loader.__qualname__)] = (loader, "reference")
     return allow
 

@@ -197,23 +197,16 @@ class OutDirLock:
 def lock_out_dir(out: Path) -> OutDirLock:
     """``ComparisonError`` if another comparison holds ``out``: two at once stored runs
     of different settings side by side and tabulated them together."""
+    from dataset_prep.atomic import lock_folder
+    from dataset_prep.errors import UsageError
+
     try:
-        import fcntl
-    except ImportError:  # not POSIX: nothing to lock with
-        return OutDirLock(None)
-    fd = os.open(out, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+        return OutDirLock(lock_folder(out, ""))
+    except UsageError:
         raise ComparisonError(
             f"another comparison is writing {out} right now; wait for it to finish, or "
             "give this one another --out"
         ) from None
-    except OSError:
-        os.close(fd)
-        return OutDirLock(None)
-    return OutDirLock(fd)
 
 
 def check_out_dir(out: Path, settings: dict) -> None:
