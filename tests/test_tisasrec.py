@@ -76,27 +76,38 @@ def test_relation_matrix_is_the_authors(timed_config):
     assert matrix.max() == 40  # the day-long gaps clip at time_span
 
 
+def random_relations(batch, heads, n, size, buckets, generator=None):
+    """Random position and bucket tables and pair buckets, in float64."""
+
+    def table(*shape):
+        return torch.randn(*shape, dtype=torch.float64, generator=generator)
+
+    return KeyValueRelations(
+        table(heads, n, size),
+        table(heads, n, size),
+        torch.randint(buckets, (batch, n, n), generator=generator),
+        table(heads, buckets, size),
+        table(heads, buckets, size),
+    )
+
+
 def test_relation_attention_is_eq_4_and_5_written_out():
     torch.manual_seed(0)
     batch, heads, n, size = 2, 2, 5, 3
     query, key, value = (torch.randn(batch, heads, n, size, dtype=torch.float64) for _ in "qkv")
-    relations = KeyValueRelations(
-        torch.randn(heads, n, size, dtype=torch.float64),
-        torch.randn(heads, n, size, dtype=torch.float64),
-        torch.randn(batch, n, n, heads, size, dtype=torch.float64),
-        torch.randn(batch, n, n, heads, size, dtype=torch.float64),
-    )
+    relations = random_relations(batch, heads, n, size, buckets=4)
     mask = torch.ones(n, n, dtype=torch.bool).tril()[None, None].expand(batch, 1, n, n)
     output = attend(attention_probabilities(query, key, mask, relations), value, relations)
     for b in range(batch):
         for h in range(heads):
             for i in range(n):
+                interval = relations.pair_bucket[b, i]
                 scores = torch.stack(
                     [
                         query[b, h, i]
                         @ (
                             key[b, h, j]
-                            + relations.pair_key[b, i, j, h]
+                            + relations.bucket_key[h, interval[j]]
                             + relations.position_key[h, j]
                         )
                         / size**0.5
@@ -108,12 +119,90 @@ def test_relation_attention_is_eq_4_and_5_written_out():
                     weights[j]
                     * (
                         value[b, h, j]
-                        + relations.pair_value[b, i, j, h]
+                        + relations.bucket_value[h, interval[j]]
                         + relations.position_value[h, j]
                     )
                     for j in range(i + 1)
                 )
                 torch.testing.assert_close(output[b, h, i], z)
+
+
+def materialised_probabilities(query, key, mask, relations):
+    """The oracle: TiSASRec eq. 5 as the authors compute it, with the interval
+    embeddings of every pair gathered into a ``(batch, n, n, heads, head_size)`` tensor."""
+    pair_key = relations.bucket_key.transpose(0, 1)[relations.pair_bucket]
+    scores = torch.matmul(query, (key + relations.position_key).transpose(-1, -2))
+    scores = scores + torch.einsum("bhid,bijhd->bhij", query, pair_key)
+    scores = scores * query.size(-1) ** -0.5
+    return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+
+
+def materialised_attend(probs, value, relations):
+    """The oracle of eq. 4, materialised like ``materialised_probabilities``."""
+    if relations is None:
+        return torch.matmul(probs, value)
+    pair_value = relations.bucket_value.transpose(0, 1)[relations.pair_bucket]
+    pairs = torch.einsum("bhij,bijhd->bhid", probs, pair_value)
+    return torch.matmul(probs, value + relations.position_value) + pairs
+
+
+@pytest.mark.parametrize("n, buckets", [(7, 3), (12, 40), (30, 257)])
+def test_bucketed_relation_attention_equals_the_materialised_one(n, buckets):
+    """Outputs and the gradients of every input equal the authors' materialised form,
+    with fewer buckets than positions, and more."""
+    generator = torch.Generator().manual_seed(n)
+    batch, heads, size = 3, 2, 4
+    inputs = [
+        torch.randn(batch, heads, n, size, dtype=torch.float64, generator=generator) for _ in "qkv"
+    ]
+    relations = random_relations(batch, heads, n, size, buckets, generator)
+    leaves = [*inputs, relations.position_key, relations.position_value]
+    leaves += [relations.bucket_key, relations.bucket_value]
+    for leaf in leaves:
+        leaf.requires_grad_(True)
+    mask = torch.ones(n, n, dtype=torch.bool).tril()[None, None].expand(batch, 1, n, n)
+    weights = torch.randn(batch, heads, n, size, dtype=torch.float64, generator=generator)
+    results = []
+    for probabilities, attend_with in (
+        (attention_probabilities, attend),
+        (materialised_probabilities, materialised_attend),
+    ):
+        query, key, value = inputs
+        output = attend_with(probabilities(query, key, mask, relations), value, relations)
+        gradients = torch.autograd.grad((output * weights).sum(), leaves)
+        results.append((output, gradients))
+    (output, gradients), (expected, expected_gradients) = results
+    torch.testing.assert_close(output, expected)
+    for gradient, expected_gradient in zip(gradients, expected_gradients):
+        torch.testing.assert_close(gradient, expected_gradient)
+
+
+def test_tisasrec_equals_its_materialised_form_in_loss_and_gradients(timed_config, monkeypatch):
+    """The whole model, trained on real irregular times: the loss and every parameter's
+    gradient equal those of the model whose attention gathers per-pair embeddings (in
+    float64, with weights large enough for the relations to move the loss)."""
+    from recbole_freq.model import layers
+
+    overrides = dict(timed_config, initializer_range=0.5, **NO_DROPOUT)
+    config, train, _, _ = prepare("TiSASRec", overrides, "timed")
+    model = TiSASRec(config, train._dataset).double()
+    batch = first_batch(train)
+    assert int(model.relations(batch[model.TIME_SEQ], batch[model.ITEM_SEQ]).pair_bucket.max()) > 5
+
+    def loss_and_gradients():
+        model.zero_grad()
+        loss = model.calculate_loss(batch)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    loss, gradients = loss_and_gradients()
+    monkeypatch.setattr(layers, "attention_probabilities", materialised_probabilities)
+    monkeypatch.setattr(layers, "attend", materialised_attend)
+    expected_loss, expected_gradients = loss_and_gradients()
+    torch.testing.assert_close(loss, expected_loss)
+    assert gradients.keys() == expected_gradients.keys()
+    for name, gradient in gradients.items():
+        torch.testing.assert_close(gradient, expected_gradients[name], msg=name)
 
 
 def zero_relations(model):

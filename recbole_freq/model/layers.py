@@ -186,37 +186,55 @@ class Dropout(nn.Module):
 
 @dataclass(frozen=True)
 class KeyValueRelations:
-    """Embeddings added to the keys and values of attention, split into heads:
-    per key position, ``position_key`` / ``position_value`` ``(heads, seq_len,
-    head_size)``, and per (query, key) pair, ``pair_key`` / ``pair_value`` ``(batch,
-    seq_len, seq_len, heads, head_size)`` (TiSASRec eq. 4-5: ``P^K_j``, ``P^V_j``,
-    ``R^K_ij``, ``R^V_ij``)."""
+    """Embeddings added to the keys and values of attention, split into heads: per key
+    position, ``position_key`` / ``position_value`` ``(heads, seq_len, head_size)``
+    (TiSASRec eq. 4-5: ``P^K_j``, ``P^V_j``); per (query, key) pair, the bucket
+    ``pair_bucket[b, i, j]`` ``(batch, seq_len, seq_len)`` of a table of bucket
+    embeddings ``bucket_key`` / ``bucket_value`` ``(heads, buckets, head_size)``, so that
+    ``R^K_ij = bucket_key[:, pair_bucket[b, i, j]]`` (and ``R^V`` alike).
+
+    The pair embeddings are never gathered into ``(batch, n, n, hidden)`` tensors:
+    ``q_i . R^K_ij`` is entry ``pair_bucket[i, j]`` of ``q_i R^{K T}`` and ``sum_j a_ij
+    R^V_ij`` is ``(sum of a_ij per bucket) R^V``, which takes ``O(batch n (n + buckets))``
+    memory instead of ``O(batch n^2 hidden)``."""
 
     position_key: torch.Tensor
     position_value: torch.Tensor
-    pair_key: torch.Tensor
-    pair_value: torch.Tensor
+    pair_bucket: torch.Tensor
+    bucket_key: torch.Tensor
+    bucket_value: torch.Tensor
+
+    def index_for(self, scores: torch.Tensor) -> torch.Tensor:
+        """``pair_bucket`` broadcast to the ``(batch, heads, n, n)`` of ``scores``."""
+        return self.pair_bucket[:, None].expand_as(scores)
 
 
 def attention_probabilities(query, key, mask, relations=None) -> torch.Tensor:
     """``A = softmax(Q K^T / sqrt(d))`` restricted to the allowed keys, BSARec eq. 1;
-    with ``relations``, TiSASRec eq. 5: ``e_ij = q_i (k_j + R^K_ij + P^K_j)^T / sqrt(d)``."""
+    with ``relations``, TiSASRec eq. 5: ``e_ij = q_i (k_j + R^K_ij + P^K_j)^T / sqrt(d)``,
+    its interval term read from the per-bucket products ``q_i R^{K T}``."""
     if relations is not None:
         key = key + relations.position_key
     scores = torch.matmul(query, key.transpose(-1, -2))
     if relations is not None:
-        scores = scores + torch.einsum("bhid,bijhd->bhij", query, relations.pair_key)
+        per_bucket = torch.matmul(query, relations.bucket_key.transpose(-1, -2))
+        scores = scores + per_bucket.gather(-1, relations.index_for(scores))
     scores = scores * query.size(-1) ** -0.5
     return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
 
 
 def attend(probs, value, relations=None) -> torch.Tensor:
     """``A V``; with ``relations``, TiSASRec eq. 4: ``z_i = sum_j a_ij (v_j + R^V_ij +
-    P^V_j)``."""
+    P^V_j)``, its interval term as each row's probabilities summed per bucket times
+    ``R^V``."""
     if relations is None:
         return torch.matmul(probs, value)
-    pairs = torch.einsum("bhij,bijhd->bhid", probs, relations.pair_value)
-    return torch.matmul(probs, value + relations.position_value) + pairs
+    buckets = relations.bucket_value.size(-2)
+    per_bucket = probs.new_zeros(*probs.shape[:-1], buckets)
+    per_bucket = per_bucket.scatter_add(-1, relations.index_for(probs), probs)
+    return torch.matmul(probs, value + relations.position_value) + torch.matmul(
+        per_bucket, relations.bucket_value
+    )
 
 
 class SoftmaxAttention(nn.Module):
@@ -224,7 +242,8 @@ class SoftmaxAttention(nn.Module):
 
     Dropout acts on the attention probabilities as in RecBole's and the authors'
     implementations.  With ``relations`` it is TiSASRec's time-interval-aware attention
-    (eq. 4-5), computed explicitly.  Inference and non-CPU training use PyTorch's fused
+    (eq. 4-5), computed explicitly (``attention_probabilities``, ``attend``).  Inference
+    and non-CPU training use PyTorch's fused
     ``scaled_dot_product_attention``; CPU training with dropout computes ``A`` explicitly
     because the fused kernel's CPU fallback draws its dropout mask with the slow
     ``bernoulli_``.  Both give the same function (tests compare them with an unfused

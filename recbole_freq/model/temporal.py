@@ -9,8 +9,16 @@ Where the paper leaves details open, the authors' code (JiachengLi1995/TiSASRec,
 - personalised intervals: a user's timestamps are divided by the smallest non-zero gap
   between two consecutive interactions of the user (``time_scale``), rounded, and the
   interval of two interactions is the absolute difference, clipped at ``time_span`` k;
-- the position and interval embeddings are shared by all layers, each with its own
-  dropout draw per batch, and are split into heads like the keys and values.
+- the position and interval embeddings are shared by all layers and are split into
+  heads like the keys and values.
+
+Attention never builds the ``(batch, n, n, hidden)`` tensors of interval embeddings that
+the authors gather: it scores each query against the ``k + 1`` interval embeddings once
+and picks the product of each pair's interval, and it sums each row's attention
+probabilities per interval before multiplying by the value embeddings
+(``layers.KeyValueRelations``); the same function at ``O(batch n (n + k))`` memory.
+Dropout follows from that: each batch draws one mask per position embedding and one per
+interval embedding, where the authors draw one per (row, position) and per (row, pair).
 
 One difference, on purpose: the authors take the user's scale over the whole history,
 test interaction included; here it is taken over the items of each row's input, so a
@@ -79,25 +87,22 @@ class TimeIntervalRelations(nn.Module):
         self.dropout = Dropout(dropout_prob)
 
     def forward(self, time_seq, item_seq) -> KeyValueRelations:
-        batch, seq_len = item_seq.shape
+        seq_len = item_seq.size(1)
         intervals = time_interval_matrix(time_seq, item_seq, self.time_span)
         positions = torch.arange(seq_len, device=item_seq.device)
+        # Only the intervals that occur need a bucket: on order-only timestamps at
+        # n = 50 that is 50 of time_span + 1.
+        buckets = int(intervals.max()) + 1
 
-        def per_position(embedding):  # (heads, n, head_size)
-            return (
-                self.dropout(embedding(positions)).view(seq_len, self.n_heads, -1).transpose(0, 1)
-            )
-
-        def per_pair(embedding):  # (batch, n, n, heads, head_size)
-            return self.dropout(embedding(intervals)).view(
-                batch, seq_len, seq_len, self.n_heads, -1
-            )
+        def split_heads(table):  # (heads, rows, head_size)
+            return self.dropout(table).view(len(table), self.n_heads, -1).transpose(0, 1)
 
         return KeyValueRelations(
-            per_position(self.position_key),
-            per_position(self.position_value),
-            per_pair(self.interval_key),
-            per_pair(self.interval_value),
+            split_heads(self.position_key(positions)),
+            split_heads(self.position_value(positions)),
+            intervals,
+            split_heads(self.interval_key.weight[:buckets]),
+            split_heads(self.interval_value.weight[:buckets]),
         )
 
     def extra_repr(self) -> str:
