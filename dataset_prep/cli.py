@@ -253,6 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
     print(f"wrote {result.inter_path} ({result.stats.interactions:,} rows)")
+    print(real_time_text(result.real_time))
     if result.idmap_path is not None:
         print(f"wrote {result.idmap_path}")
     print(f"wrote {result.stats_path}")
@@ -320,6 +321,20 @@ def _table_options(args: argparse.Namespace) -> TableOptions | None:
         return None
     keep_first = given.pop("first_per_pair", False)
     return TableOptions(**given, keep_first_per_pair=keep_first)
+
+
+def real_time_text(real_time: str | None) -> str:
+    """What the ``.inter`` holds as time: said once per conversion."""
+    if real_time is None:
+        return (
+            "times: none in this format (it holds only the order): timestamp counts 0, 1, "
+            "2, ... and there is no real_time column, so TiSASRec's intervals are position "
+            "distances"
+        )
+    return (
+        f"times: timestamp counts 0, 1, 2, ... in the order above; real_time holds seconds "
+        f"from {real_time} (TiSASRec reads its intervals from it)"
+    )
 
 
 def _error(message: str) -> None:

@@ -21,7 +21,12 @@ FILE = "user_taggedartists-timestamps.dat"
 
 
 def new_collector() -> Collector:
-    return Collector(keep_first_per_pair=True)
+    return Collector(keep_first_per_pair=True, to_seconds=milliseconds_to_seconds)
+
+
+def milliseconds_to_seconds(timestamp: int) -> float:
+    """HetRec's timestamps are unix milliseconds."""
+    return timestamp / 1000
 
 
 def read(path: Path | str, collector: Collector, *, show_progress: bool = True) -> RawSource:

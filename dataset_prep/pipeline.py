@@ -31,6 +31,9 @@ from .stats import ExpectedStats, Stats, compute_stats
 from .tabular import TableOptions
 
 INTER_HEADER = "user_id:token\titem_id:token\ttimestamp:float\n"
+# Raw logs add the source's real time, in seconds (``RawFormat.real_time`` says whence).
+REAL_TIME_COLUMN = "real_time"
+INTER_HEADER_WITH_REAL_TIME = INTER_HEADER[:-1] + f"\t{REAL_TIME_COLUMN}:float\n"
 STATS_SCHEMA = 2
 IDMAP_SCHEMA = 1
 
@@ -49,6 +52,7 @@ class ConversionResult:
     stats_path: Path
     idmap_path: Path | None = None
     details: dict[str, Any] | None = None
+    real_time: str | None = None  # where the real_time column came from; None: no column
 
 
 def convert(
@@ -116,9 +120,9 @@ def convert(
     stats_path = target / f"{name}.stats.json"
     idmap_path = target / f"{name}.idmap.json" if raw.id_map is not None else None
     with staged_output(target) as stage:
-        inter_sha256 = write_inter(stage.open(inter_path.name), raw.sequences)
+        inter_sha256 = write_inter(stage.open(inter_path.name), raw.sequences, raw.times)
         if not force:
-            _refuse_replacing_other_data(inter_path, inter_sha256, name)
+            _refuse_replacing_other_data(inter_path, inter_sha256, name, raw)
         if raw.id_map is not None and idmap_path is not None:
             idmap = {"schema": IDMAP_SCHEMA, "dataset": name, **raw.id_map.to_dict()}
             stage.open(idmap_path.name).write(_json_bytes(idmap, indent=None))
@@ -133,6 +137,11 @@ def convert(
             "inter_sha256": inter_sha256,
             "idmap_file": idmap_path.name if idmap_path is not None else None,
             "preparation": raw.details or None,
+            "real_time": (
+                {"column": REAL_TIME_COLUMN, "unit": "seconds", "from": reader.real_time}
+                if raw.times is not None
+                else None
+            ),
             "stats": stats.to_dict(),
             "expected": expected.to_dict() if expected is not None else None,
             "matches_expected": None if expected is None else not mismatches,
@@ -150,6 +159,7 @@ def convert(
         stats_path=stats_path,
         idmap_path=idmap_path,
         details=raw.details or None,
+        real_time=reader.real_time if raw.times is not None else None,
     )
 
 
@@ -210,11 +220,15 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _refuse_replacing_other_data(inter_path: Path, new_sha256: str, name: str) -> None:
+def _refuse_replacing_other_data(
+    inter_path: Path, new_sha256: str, name: str, raw: RawSequences
+) -> None:
     if not inter_path.is_file():
         return
     old_sha256 = file_sha256(inter_path)
-    if old_sha256 != new_sha256:
+    if old_sha256 != new_sha256 and _interactions_sha256(inter_path) != _sha256_of(
+        lambda emit: _emit_rows(emit, raw.sequences, None)
+    ):
         raise UsageError(
             f"{inter_path} already holds a different {name!r} (sha256 {old_sha256[:16]}, "
             f"new {new_sha256[:16]}): models trained on it would rank other items. Prepare "
@@ -222,17 +236,23 @@ def _refuse_replacing_other_data(inter_path: Path, new_sha256: str, name: str) -
         )
 
 
-def write_inter(fh: BinaryIO, sequences: Sequence[tuple[str, Sequence[str]]]) -> str:
+def write_inter(
+    fh: BinaryIO,
+    sequences: Sequence[tuple[str, Sequence[str]]],
+    times: Sequence[Sequence[float]] | None = None,
+) -> str:
     """Write the .inter rows to `fh` and return the sha256 of what was written.
 
     Timestamps are a running counter over all rows, so sorting by time (stable
-    or not, per user or global) reproduces exactly the input order. Raw times
-    are not written, on purpose: the order of a sequence is decided here (stable
-    sort, ties in file order), and equal raw times would leave it to whoever
-    sorts next. RecBole 1.2.1 happens to sort stably (``np.argsort(kind=
-    "stable")``), but a counter does not depend on that, or on the file order
-    surviving every step before the sort. The raw times stay in the raw file,
-    and ``<name>.idmap.json`` maps the ids back to it.
+    or not, per user or global) reproduces exactly the input order: the order of
+    a sequence is decided here (stable sort, ties in file order), and equal raw
+    times would leave it to whoever sorts next. RecBole 1.2.1 happens to sort
+    stably (``np.argsort(kind="stable")``), but a counter does not depend on
+    that, or on the file order surviving every step before the sort.
+
+    `times` (raw logs) adds each interaction's real time in seconds as the
+    column ``real_time``, which time-aware models read for their intervals
+    (TiSASRec); ``<name>.idmap.json`` maps the ids back to the raw file.
     """
     digest = hashlib.sha256()
 
@@ -241,13 +261,48 @@ def write_inter(fh: BinaryIO, sequences: Sequence[tuple[str, Sequence[str]]]) ->
         digest.update(data)
         fh.write(data)
 
-    emit(INTER_HEADER)
+    _emit_rows(emit, sequences, times)
+    return digest.hexdigest()
+
+
+def _emit_rows(emit, sequences, times) -> None:
+    emit(INTER_HEADER if times is None else INTER_HEADER_WITH_REAL_TIME)
     timestamp = 0
-    for user, items in sequences:
-        emit(
-            "".join(f"{user}\t{item}\t{timestamp + offset}\n" for offset, item in enumerate(items))
-        )
+    for index, (user, items) in enumerate(sequences):
+        if times is None:
+            rows = (f"{user}\t{item}\t{timestamp + k}\n" for k, item in enumerate(items))
+        else:
+            rows = (
+                f"{user}\t{item}\t{timestamp + k}\t{_seconds_text(seconds)}\n"
+                for k, (item, seconds) in enumerate(zip(items, times[index], strict=True))
+            )
+        emit("".join(rows))
         timestamp += len(items)
+
+
+def _seconds_text(seconds: float) -> str:
+    # Whole seconds as integers; otherwise the shortest text that reads back exactly.
+    return str(int(seconds)) if float(seconds).is_integer() else repr(float(seconds))
+
+
+def _sha256_of(write) -> str:
+    digest = hashlib.sha256()
+    write(lambda text: digest.update(text.encode("utf-8")))
+    return digest.hexdigest()
+
+
+def _interactions_sha256(inter_path: Path) -> str:
+    """sha256 of a prepared ``.inter`` without its ``real_time`` column: the same
+    interactions in the same order, whether or not it was written with real times."""
+    digest = hashlib.sha256()
+    with open(inter_path, "rb") as handle:
+        header = handle.readline()
+        columns = header.rstrip(b"\r\n").split(b"\t")
+        if columns[:3] != INTER_HEADER.encode().rstrip(b"\n").split(b"\t"):
+            return ""
+        digest.update(INTER_HEADER.encode())
+        for line in handle:
+            digest.update(b"\t".join(line.rstrip(b"\r\n").split(b"\t")[:3]) + b"\n")
     return digest.hexdigest()
 
 

@@ -15,6 +15,10 @@ rows into one sequence per user:
    first appearance while walking the final, sorted and filtered sequences
    user by user.
 
+Each kept interaction also keeps its real time, converted to seconds by the
+reader's ``to_seconds`` (``RawSequences.times``), for models that read time
+intervals; the order of step 2 is never recomputed from those seconds.
+
 Our reading of step 4 is the one that the published files confirm: in the
 distributed ``Beauty.txt`` and ``LastFM.txt`` each item id first appears
 exactly one after the largest id before it when the lines are read in order,
@@ -36,7 +40,7 @@ pass, so S3-Rec never writes a user without items; neither does `kcore`.)
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -56,7 +60,11 @@ class Collector:
     logs (one code per row instead of two strings).
     """
 
-    def __init__(self, *, keep_first_per_pair: bool = False) -> None:
+    def __init__(
+        self, *, keep_first_per_pair: bool = False, to_seconds: Callable[[Any], float] = float
+    ) -> None:
+        # Turns a kept row's time (the sort key the reader added) into seconds.
+        self.to_seconds = to_seconds
         self.user_ids: dict[str, int] = {}
         self.item_ids: dict[str, int] = {}
         # Per user code: [(time, item code), ...] in file order.
@@ -143,9 +151,11 @@ def prepare(
 
     by_time = itemgetter(0)
     sequences: list[list[int]] = []
+    raw_times: list[list[Any]] = []
     for rows in collector.rows:
         rows.sort(key=by_time)  # list.sort is stable: equal times keep file order
         sequences.append([item for _, item in rows])
+        raw_times.append([time for time, _ in rows])
     collector.rows = []  # free the (time, item) pairs early on large logs
 
     before = _counts(sequences)
@@ -159,6 +169,21 @@ def prepare(
             "have too few interactions (is this the complete file? a smaller --core "
             "keeps more)",
         )
+
+    # The core drops an item from every user at once, so a kept user's kept
+    # interactions are exactly those of items that survive.
+    surviving = {item for items in kept.values() for item in items}
+    to_seconds = collector.to_seconds
+    times: list[list[float]] = []
+    for user_code in sorted(kept):
+        times.append(
+            [
+                to_seconds(time)
+                for time, item in zip(raw_times[user_code], sequences[user_code])
+                if item in surviving
+            ]
+        )
+    del raw_times
 
     user_names = _names(collector.user_ids)
     item_names = _names(collector.item_ids)
@@ -193,6 +218,7 @@ def prepare(
         sequences=out,
         id_map=IdMap(users=raw_users, items=raw_items),
         details=details,
+        times=times,
     )
 
 

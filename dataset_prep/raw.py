@@ -70,12 +70,15 @@ class RawSequences:
     Tokens must be non-empty and free of whitespace; they are written verbatim.
     `id_map` is set when the tokens are re-mapped ids (raw logs), and
     `details` holds what the preparation did (rows read, skipped, filtered).
+    `times` holds, per sequence, each interaction's real time in seconds (raw logs;
+    None for the one-line format, whose files hold only the order).
     """
 
     source: RawSource
     sequences: list[tuple[str, list[str]]]
     id_map: IdMap | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    times: list[list[float]] | None = None
 
 
 class _Tap(io.RawIOBase):

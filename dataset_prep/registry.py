@@ -42,7 +42,9 @@ class RawFormat:
 
     `raw_log` formats are read row by row into a `Collector` and then go
     through the S3-Rec procedure (`procedure.prepare`); the one-line format
-    is already processed and is only validated.
+    is already processed and is only validated. `real_time` says where the
+    ``real_time`` column (seconds) of a raw log's output comes from; None for a
+    format that holds no times.
     """
 
     name: str
@@ -50,6 +52,7 @@ class RawFormat:
     read: Callable[..., Any]
     raw_log: bool = True
     new_collector: Callable[..., Collector] = Collector
+    real_time: str | None = None
 
 
 @dataclass(frozen=True)
@@ -77,23 +80,28 @@ FORMATS: Mapping[str, RawFormat] = MappingProxyType(
             description="Amazon 2014 reviews, reviews_<Category>_5.json.gz "
             "(reviewerID, asin, unixReviewTime; JSON or Python-literal lines)",
             read=amazon.read,
+            real_time="unixReviewTime (unix seconds; whole days in the 2014 release)",
         ),
         "yelp": RawFormat(
             name="yelp",
             description="Yelp Open Dataset yelp_academic_dataset_review.json "
             f"(JSON lines; {yelp.DATE_MIN} <= date <= {yelp.DATE_MAX})",
             read=yelp.read,
+            new_collector=yelp.new_collector,
+            real_time="date (no time zone), read as UTC",
         ),
         "lastfm-hetrec": RawFormat(
             name="lastfm-hetrec",
             description=f"HetRec 2011 LastFM {lastfm.FILE} (first tag row per user and artist)",
             read=lastfm.read,
             new_collector=lastfm.new_collector,
+            real_time="timestamp (unix milliseconds) / 1000",
         ),
         "movielens-dat": RawFormat(
             name="movielens-dat",
             description="MovieLens 1M ratings.dat (UserID::MovieID::Rating::Timestamp)",
             read=movielens.read,
+            real_time="Timestamp (unix seconds)",
         ),
         TABLE: RawFormat(
             name=TABLE,
@@ -101,6 +109,8 @@ FORMATS: Mapping[str, RawFormat] = MappingProxyType(
             "(--user-col, --item-col, --time-col; --sep, --time-format, --first-per-pair)",
             read=tabular.read,
             new_collector=tabular.new_collector,
+            real_time="the time column: numbers as they are, dates as unix seconds (UTC when "
+            "they carry no time zone)",
         ),
         ONE_LINE: RawFormat(
             name=ONE_LINE,

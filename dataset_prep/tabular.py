@@ -12,7 +12,9 @@ read without quoting, as RecBole reads its atomic files.
 
 Times: by default each value must be a number (e.g. unix seconds) or an ISO
 8601 date, one kind for the whole column, since a mix has no common order;
-``--time-format`` gives a `datetime.strptime` format instead.
+``--time-format`` gives a `datetime.strptime` format instead. The real time
+column of the output (``real_time``) holds numbers as they are and dates as unix
+seconds, dates without a time zone read as UTC (``time_to_seconds``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +66,16 @@ class TableOptions:
 
 
 def new_collector(options: TableOptions) -> Collector:
-    return Collector(keep_first_per_pair=options.keep_first_per_pair)
+    return Collector(keep_first_per_pair=options.keep_first_per_pair, to_seconds=time_to_seconds)
+
+
+def time_to_seconds(value: int | float | datetime) -> float:
+    """A time column's value in seconds: numbers as they are (the column's own unit,
+    which should be seconds), dates as unix seconds, read as UTC when they carry no
+    time zone."""
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).timestamp()
+    return float(value)
 
 
 def read(

@@ -8,13 +8,17 @@ strings with those bounds, and this reproduces it. Repeated reviews of the
 same business by the same user are all kept (the processed Yelp has 11,830
 such repeats). S3-Rec's ``stars <= 0`` filter removes nothing (stars are
 1-5), so stars are not read.
+
+Real times: Yelp's dates carry no time zone; they are read as UTC
+(``date_to_seconds``), so intervals are exact and absolute times are off by the
+business's UTC offset.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,15 @@ DATE_MAX = "2019-12-31 00:00:00"
 # them by time when every date has this fixed-width form.
 _DATE_SHAPE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}")
 _EXPECTED = "one JSON review per line, as in yelp_academic_dataset_review.json"
+
+
+def new_collector() -> Collector:
+    return Collector(to_seconds=date_to_seconds)
+
+
+def date_to_seconds(date: str) -> float:
+    """Unix seconds of a ``YYYY-MM-DD HH:MM:SS`` date read as UTC."""
+    return datetime.fromisoformat(date).replace(tzinfo=timezone.utc).timestamp()
 
 
 def read(path: Path | str, collector: Collector, *, show_progress: bool = True) -> RawSource:

@@ -318,7 +318,7 @@ def _fail_replace(*args, **kwargs):
     raise OSError(28, "No space left on device")
 
 
-def _fail_write(fh, sequences):
+def _fail_write(fh, sequences, times=None):
     fh.write(b"half a fi")
     raise KeyboardInterrupt
 

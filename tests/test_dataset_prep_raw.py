@@ -29,12 +29,13 @@ from dataset_prep import (
     convert,
 )
 from dataset_prep.cli import main
+from dataset_prep.registry import FORMATS
 from dataset_prep.procedure import kcore
 from dataset_prep.tabular import TableOptions
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_S3REC = REPO_ROOT.parent / "shared" / "data" / "s3rec"
-HEADER = "user_id:token\titem_id:token\ttimestamp:float"
+HEADER = "user_id:token\titem_id:token\ttimestamp:float\treal_time:float"
 LASTFM_HEADER = "userID\tartistID\ttagID\ttimestamp\n"
 
 
@@ -64,7 +65,22 @@ def inter_rows(out: Path, name: str) -> list[tuple[str, str]]:
     assert lines[0] == HEADER
     rows = [line.split("\t") for line in lines[1:]]
     assert [float(r[2]) for r in rows] == list(range(len(rows)))
-    return [(u, i) for u, i, _ in rows]
+    return [(u, i) for u, i, _, _ in rows]
+
+
+def without_real_time(inter: Path) -> bytes:
+    """The .inter file's bytes without its real_time column (the one-line format's)."""
+    lines = inter.read_bytes().splitlines(keepends=True)
+    return b"".join(b"\t".join(line.rstrip(b"\n").split(b"\t")[:3]) + b"\n" for line in lines)
+
+
+def real_times(out: Path, name: str) -> dict[str, list[float]]:
+    """Each user's real times (seconds) in the .inter file's order."""
+    lines = (out / name / f"{name}.inter").read_text().splitlines()
+    times: dict[str, list[float]] = {}
+    for user, _item, _order, seconds in (line.split("\t") for line in lines[1:]):
+        times.setdefault(user, []).append(float(seconds))
+    return times
 
 
 def sequences(out: Path, name: str) -> dict[str, list[str]]:
@@ -388,7 +404,9 @@ def test_idempotent_and_independent_of_raw_location(tmp_path):
     one_line = write(tmp_path / "idem.txt", "1 1 2\n2 2 1 2\n")
     convert(one_line, out, "idem", fmt="one-line", **quiet())
     assert sorted(snapshot(out)) == ["idem/idem.inter", "idem/idem.stats.json"]
-    assert (out / "idem" / "idem.inter").read_bytes() == first["idem/idem.inter"]
+    raw_run = tmp_path / "raw-run.inter"
+    raw_run.write_bytes(first["idem/idem.inter"])
+    assert (out / "idem" / "idem.inter").read_bytes() == without_real_time(raw_run)
 
 
 # --- bad input -----------------------------------------------------------------
@@ -662,8 +680,11 @@ def test_raw_lastfm_rebuilt_from_published_file_gives_it_back(tmp_path):
     result = convert(raw, tmp_path / "out", "lastfm", **quiet())
     assert result.mismatches == []
     published = convert(SHARED_S3REC / "LastFM.txt", tmp_path / "one", "lastfm", fmt="one-line")
-    assert result.inter_path.read_bytes() == published.inter_path.read_bytes()
+    assert without_real_time(result.inter_path) == published.inter_path.read_bytes()
     assert idmap(tmp_path / "out", "lastfm")["user"][:3] == ["1", "2", "3"]
+    # Each item keeps its first tag row's time, milliseconds written as seconds.
+    for user, times in real_times(tmp_path / "out", "lastfm").items():
+        assert times == [(1_000_000 + 10 * (k // 2)) / 1000 for k in range(len(times))], user
 
 
 @needs_shared
@@ -694,7 +715,9 @@ def test_raw_amazon_rebuilt_from_published_file_gives_it_back(tmp_path):
     one_line = convert(
         SHARED_S3REC / "Beauty.txt", tmp_path / "one", "amazon-beauty", fmt="one-line"
     )
-    assert result.inter_path.read_bytes() == one_line.inter_path.read_bytes()
+    assert without_real_time(result.inter_path) == one_line.inter_path.read_bytes()
+    for user, times in real_times(tmp_path / "out", "amazon-beauty").items():
+        assert times == [1_300_000_000 + 86_400 * max(k, 1) for k in range(len(times))], user
 
 
 # --- text encodings and line endings ----------------------------------------
@@ -765,3 +788,92 @@ def test_a_raw_path_that_is_a_device_is_one_line(tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "raw path /dev/zero is not a regular file" in err
+
+
+# --- real times ----------------------------------------------------------------
+
+# (format, file name, raw text, the real times in seconds of user 1's sequence)
+REAL_TIME_INPUTS = [
+    (
+        "amazon-2014",
+        "r.json",
+        amazon_line("A", "x", 1300000000, literal=False)
+        + amazon_line("A", "y", "1299913600", literal=True),
+        [1299913600, 1300000000],
+    ),
+    (
+        "lastfm-hetrec",
+        "t.dat",
+        LASTFM_HEADER + "7\t51\t1\t1275775200123\n7\t52\t1\t1275775200000\n7\t51\t2\t1\n",
+        [1275775200.0, 1275775200.123],
+    ),
+    (
+        "movielens-dat",
+        "m.dat",
+        "1::10::5::978300760\n1::11::3::978302109\n",
+        [978300760, 978302109],
+    ),
+    (
+        "yelp",
+        "y.json",
+        yelp_line("u", "b", "2019-05-05 10:00:00") + yelp_line("u", "c", "2019-05-05 10:00:01"),
+        [1557050400, 1557050401],
+    ),
+    ("csv", "n.csv", "user_id,item_id,timestamp\nu,a,10.25\nu,b,3\n", [3, 10.25]),
+    (
+        "csv",
+        "d.csv",
+        "user_id,item_id,timestamp\nu,a,2020-01-01T01:00:00+01:00\nu,b,2020-01-01T00:30:00Z\n",
+        [1577836800, 1577838600],
+    ),
+    ("csv", "z.csv", "user_id,item_id,timestamp\nu,a,2020-01-01 00:00:00\n", [1577836800]),
+]
+
+
+@pytest.mark.parametrize("fmt, file_name, text, expected", REAL_TIME_INPUTS)
+def test_raw_logs_keep_their_real_times_in_seconds(
+    tmp_path, capsys, fmt, file_name, text, expected
+):
+    """Every raw format writes the source's time as real_time (seconds), while
+    timestamp keeps counting the order the procedure decided; the run says whence."""
+    raw = write(tmp_path / file_name, text)
+    out = tmp_path / "out"
+    assert main(["mine", "--raw", str(raw), "--out", str(out), "--format", fmt, "--core", "1"]) == 0
+    assert real_times(out, "mine")["1"] == expected
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("times:")]
+    assert len(said) == 1 and f"real_time holds seconds from {FORMATS[fmt].real_time}" in said[0]
+    summary = json.loads((out / "mine" / "mine.stats.json").read_text())
+    assert summary["real_time"] == {
+        "column": "real_time",
+        "unit": "seconds",
+        "from": FORMATS[fmt].real_time,
+    }
+
+
+def test_a_one_line_file_has_no_real_time_and_says_so_once(tmp_path, capsys):
+    raw = write(tmp_path / "s.txt", "1 1 2 3\n2 2 3\n")
+    assert main(["ones", "--raw", str(raw), "--out", str(tmp_path / "out")]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("times:")]
+    assert len(said) == 1 and "no real_time column" in said[0] and "position" in said[0]
+    header = (tmp_path / "out" / "ones" / "ones.inter").read_text().splitlines()[0]
+    assert header == "user_id:token\titem_id:token\ttimestamp:float"
+    assert (
+        json.loads((tmp_path / "out" / "ones" / "ones.stats.json").read_text())["real_time"] is None
+    )
+
+
+def test_data_prepared_before_real_times_is_replaced_without_force(tmp_path):
+    """An .inter written without real_time (before they were kept) holds the same
+    interactions: preparing again adds the column; other interactions still need --force."""
+    text = "".join(amazon_line(u, i, t, literal=True) for u, i, t in AMAZON_ROWS)
+    raw = write(tmp_path / "a.json", text)
+    out = tmp_path / "out"
+    convert(raw, out, "old", fmt="amazon-2014", core=2, **quiet())
+    inter = out / "old" / "old.inter"
+    with_times = inter.read_bytes()
+    inter.write_bytes(without_real_time(inter))
+    convert(raw, out, "old", fmt="amazon-2014", core=2, **quiet())
+    assert inter.read_bytes() == with_times
+    inter.write_bytes(without_real_time(inter).replace(b"\n1\t1\t0\n", b"\n1\t2\t0\n", 1))
+    with pytest.raises(UsageError, match="already holds a different"):
+        convert(raw, out, "old", fmt="amazon-2014", core=2, **quiet())
