@@ -8,6 +8,7 @@ targets are ratios to RecBole's SASRec, never absolute times.
     python benchmarks/bench_speed.py --dataset lastfm --models SASRec,BSARec,FBSARec
     python benchmarks/bench_speed.py --dataset lastfm --name speed-baselines \
         --models SASRec,FMLPRec,DuoRec,CL4SRec,FEARec --steps 8 --rounds 3
+    python benchmarks/bench_speed.py --models SASRec,TiSASRec --length 200  # n = 200
 
 Peak memory: on CUDA ``max_memory_allocated``; on the CPU each model trains in a child
 process whose resident-set high-water mark is reset (``/proc/self/clear_refs``) after
@@ -48,12 +49,12 @@ def default_dataset(data_path: str) -> str:
     return "lastfm" if Path(data_path, "lastfm", "lastfm.inter").is_file() else "ml-100k"
 
 
-def load(models, dataset, data_path, seed=2024):
+def load(models, dataset, data_path, length, seed=2024):
     from common import load_models, with_optimizers
 
     from recbole_freq.config import FreqConfig
 
-    overrides = dict(SIZES, data_path=data_path, seed=seed)
+    overrides = dict(SIZES, data_path=data_path, seed=seed, MAX_ITEM_LIST_LENGTH=length)
     configs = {m: FreqConfig(m, dataset, cmd_overrides=overrides) for m in models}
     first, (train, _, test), built = load_models(configs, seed, models[0])
     return first, train, test, with_optimizers(built)
@@ -114,9 +115,9 @@ def ratios(per_round, reference):
     }
 
 
-def peak_memory_mb(model_name, dataset, data_path, steps, device):
+def peak_memory_mb(model_name, dataset, data_path, length, steps, device):
     if torch.device(device).type == "cuda":
-        _, train, _, instances = load([model_name], dataset, data_path)
+        _, train, _, instances = load([model_name], dataset, data_path, length)
         batches = take(train, steps, device)
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -135,6 +136,8 @@ def peak_memory_mb(model_name, dataset, data_path, steps, device):
             data_path,
             "--steps",
             str(steps),
+            "--length",
+            str(length),
         ],
         capture_output=True,
         text=True,
@@ -150,11 +153,11 @@ def _status_kb(field):
     raise KeyError(field)
 
 
-def memory_child(model_name, dataset, data_path, steps):
+def memory_child(model_name, dataset, data_path, length, steps):
     import ctypes
     import gc
 
-    _, train, _, instances = load([model_name], dataset, data_path)
+    _, train, _, instances = load([model_name], dataset, data_path, length)
     batches = take(train, steps, "cpu")
     gc.collect()
     # Hand memory freed during set-up back to the OS, or training could reuse it unseen.
@@ -178,6 +181,12 @@ def main(argv=None):
     parser.add_argument("--data_path", default="dataset/")
     parser.add_argument("--steps", type=int, default=23, help="timed steps per round (+3 warm-up)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--length",
+        type=int,
+        default=SIZES["MAX_ITEM_LIST_LENGTH"],
+        help="MAX_ITEM_LIST_LENGTH n; results of another n than 50 are named <name>-n<n>-...",
+    )
     parser.add_argument("--out", default=str(HERE / "results"))
     parser.add_argument(
         "--name", default="speed", help="results are <out>/<name>-<dataset>-<device>.{md,json}"
@@ -186,13 +195,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     dataset = args.dataset or default_dataset(args.data_path)
     if args.memory_child:
-        memory_child(args.memory_child, dataset, args.data_path, args.steps)
+        memory_child(args.memory_child, dataset, args.data_path, args.length, args.steps)
         return
 
     models = args.models.split(",")
     if args.reference not in models:
         models.insert(0, args.reference)
-    config, train, test, instances = load(models, dataset, args.data_path)
+    config, train, test, instances = load(models, dataset, args.data_path, args.length)
     device = config["device"]
     steps_per_epoch = len(train)
     train_batches = take(train, args.steps + 3, device)
@@ -203,12 +212,15 @@ def main(argv=None):
         ratios(train_times, args.reference),
         ratios(eval_times, args.reference),
     )
-    memory = {name: peak_memory_mb(name, dataset, args.data_path, 8, device) for name in models}
+    memory = {
+        name: peak_memory_mb(name, dataset, args.data_path, args.length, 8, device)
+        for name in models
+    }
 
     n_items = train._dataset.item_num
     header = (
         f"dataset {dataset} ({n_items:,} item ids), batch {SIZES['train_batch_size']}, length "
-        f"{SIZES['MAX_ITEM_LIST_LENGTH']}, hidden {SIZES['hidden_size']}, {SIZES['n_layers']} layers; "
+        f"{args.length}, hidden {SIZES['hidden_size']}, {SIZES['n_layers']} layers; "
         f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
         f"{args.rounds} interleaved rounds of {args.steps} steps"
     )
@@ -226,9 +238,12 @@ def main(argv=None):
         )
     report = "\n".join([header, "", *rows])
     print(report)
+    name = (
+        args.name if args.length == SIZES["MAX_ITEM_LIST_LENGTH"] else f"{args.name}-n{args.length}"
+    )
     write_results(
         args.out,
-        f"{args.name}-{dataset}-{torch.device(device).type}",
+        f"{name}-{dataset}-{torch.device(device).type}",
         report,
         {
             "header": header,

@@ -17,6 +17,10 @@ def load_models(configs: dict, seed: int, reference: str):
 
     first = configs[reference]
     first["seed"] = seed
+    # The shared data holds every column any of the models reads (TiSASRec's real_time).
+    columns = [c["load_col"]["inter"] for c in configs.values() if isinstance(c["load_col"], dict)]
+    if isinstance(first["load_col"], dict) and columns:
+        first["load_col"] = dict(first["load_col"], inter=list(dict.fromkeys(sum(columns, []))))
     _, splits = load_splits(first)
     models = {}
     for label, config in configs.items():

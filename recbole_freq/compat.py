@@ -163,6 +163,15 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
     ``test_a_command_line_setting_runs_no_code``, ``test_a_config_dict_setting_runs_no_code``,
     ``test_kd_dagfm_teacher_names_only_a_network_class``.
 
+19. ``Dataset._dataframe_to_interaction`` turns every float column into a float32 tensor,
+    which holds integers exactly only up to 2**24: unix seconds (about 1.7e9) come out
+    rounded to multiples of 128 s, so the real times that time-aware models read their
+    intervals from lost every gap under two minutes.  The column ``REAL_TIME_FIELD`` (the
+    ``real_time`` seconds of ``dataset_prep``) is kept in float64; every other column,
+    the time order (``TIME_FIELD``) included, is loaded as RecBole loads it, so no split
+    changes.  No RecBole issue found.  Test:
+    ``test_tisasrec.test_real_times_reach_tisasrec_to_the_second``.
+
 ``apply()`` is idempotent and runs when ``recbole_freq`` is imported, after
 ``require_recbole()``.
 """
@@ -595,6 +604,24 @@ def _never_read_pickled_caches() -> None:
                 setattr(module, name, replacement)
 
 
+def _keep_real_times_in_float64() -> None:
+    import torch
+    from recbole.data.dataset import Dataset
+
+    original = Dataset._dataframe_to_interaction
+
+    @functools.wraps(original)
+    def _dataframe_to_interaction(self, data):
+        interaction = original(self, data)
+        field = self.config["REAL_TIME_FIELD"]
+        if field and field in data and field in interaction.interaction:
+            exact = data[field].to_numpy(dtype=np.float64)
+            interaction.interaction[field] = torch.from_numpy(exact.copy())
+        return interaction
+
+    Dataset._dataframe_to_interaction = _dataframe_to_interaction
+
+
 def _never_download_datasets() -> None:
     from recbole.data.dataset import Dataset
 
@@ -856,4 +883,5 @@ def apply() -> None:
     _open_tensorboard_late_and_close_it_after_fit()
     _guard_recboles_quick_start()
     _read_settings_as_literals()
+    _keep_real_times_in_float64()
     _applied = True

@@ -473,6 +473,31 @@ class FreqConfig(Config):
         if sequential and "alias_of_item_id" not in given:
             self.final_config_dict["alias_of_item_id"] = [list_field]
 
+    def _load_real_times(self, given: dict) -> None:
+        """A model with time intervals reads the source's real times
+        (``REAL_TIME_FIELD``, the ``real_time`` column of dataset_prep's raw logs) when
+        the interaction file has them: the column joins the plugin's ``load_col``.  A
+        ``load_col`` the user gave is kept as given."""
+        settings = self.final_config_dict
+        field, load_col = settings.get("REAL_TIME_FIELD"), settings.get("load_col")
+        if settings.get("time_intervals") is not True or not field or "load_col" in given:
+            return
+        if not isinstance(load_col, dict) or not isinstance(load_col.get("inter"), list):
+            return
+        if field in load_col["inter"]:
+            return
+        from recbole_freq.data import inter_files
+
+        try:
+            with open(inter_files(self)[0], encoding="utf-8", errors="replace") as handle:
+                header = (
+                    handle.readline().rstrip("\r\n").split(settings.get("field_separator") or "\t")
+                )
+        except OSError:
+            return  # not prepared: the run stops at its dataset check
+        if field in [column.split(":")[0] for column in header]:
+            settings["load_col"] = dict(load_col, inter=[*load_col["inter"], field])
+
     def _check_user_settings(self, model_class, given_dict: dict) -> None:
         """Every key the user gave is read by something and has the right type; a
         ``model:`` or ``dataset:`` that disagrees with the chosen one is refused."""
@@ -503,6 +528,7 @@ class FreqConfig(Config):
             self.final_config_dict["data_path"] = os.path.join(
                 str(given["data_path"][1]), self.dataset
             )
+        self._load_real_times(given)
         if "device" in given:
             # RecBole derives the device from gpu_id alone and drops a given one.
             where, value = given["device"]

@@ -193,7 +193,7 @@ def user_inputs(model, split_datasets, uids: np.ndarray, context: str):
         )
     fields = {model.ITEM_SEQ: model.ITEM_ID}  # list field -> field of the target
     if getattr(model, "TIME_SEQ", None):
-        fields[model.TIME_SEQ] = split_datasets[0].time_field
+        fields[model.TIME_SEQ] = model.INTERVAL_TIME_FIELD
     sequences = {}
     item_seq_len = torch.zeros(len(uids), dtype=torch.long)
     for index, split in enumerate(chosen):

@@ -29,8 +29,8 @@ from dataset_prep import (
     convert,
 )
 from dataset_prep.cli import main
-from dataset_prep.registry import FORMATS
 from dataset_prep.procedure import kcore
+from dataset_prep.registry import FORMATS
 from dataset_prep.tabular import TableOptions
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

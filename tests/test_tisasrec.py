@@ -29,18 +29,19 @@ GAPS = (1, 1, 2, 5, 30, 600, 3600, 86400)  # seconds: repeats, minutes, hours, d
 
 @pytest.fixture(scope="module")
 def timed_data(tmp_path_factory):
-    """Data folder with dataset ``timed``: 50 users, 30 items, irregular unix times."""
+    """Data folder with dataset ``timed``: 50 users, 30 items, irregular unix times in
+    ``real_time`` (as dataset_prep writes them) and the order in ``timestamp``."""
     rng = random.Random(3)
     root = tmp_path_factory.mktemp("timed")
     (root / "timed").mkdir()
-    lines = ["user_id:token\titem_id:token\ttimestamp:float"]
+    lines = ["user_id:token\titem_id:token\ttimestamp:float\treal_time:float"]
     for user in range(1, 51):
         time = 1_600_000_000 + rng.randint(0, 10**6)
         start = rng.randint(1, 30)
         for step in range(rng.randint(6, 18)):
             time += rng.choice(GAPS)
             item = (start + step + rng.randint(0, 2)) % 30 + 1
-            lines.append(f"{user}\t{item}\t{time}")
+            lines.append(f"{user}\t{item}\t{len(lines)}\t{time}")
     (root / "timed" / "timed.inter").write_text("\n".join(lines) + "\n")
     return root
 
@@ -271,7 +272,8 @@ def test_recommend_reads_the_timestamps(timed_config):
     assert torch.equal(extra[model.TIME_SEQ], test_rows[model.TIME_SEQ])
     _, lengths, after = user_inputs(model, splits, uids, "next")
     last = after[model.TIME_SEQ][torch.arange(len(uids)), lengths - 1]
-    assert torch.equal(last, test_rows[config["TIME_FIELD"]].to(last.dtype))
+    assert model.INTERVAL_TIME_FIELD == "real_time"
+    assert torch.equal(last, test_rows["real_time"].to(last.dtype))
 
 
 def test_tisasrec_is_a_baseline_with_the_authors_settings(timed_config):
@@ -308,7 +310,11 @@ def test_a_dataset_without_timestamps_is_refused(timed_config):
     config, train, _, _ = prepare("TiSASRec", dict(timed_config), dataset="timed")
     dataset = train._dataset.copy(train._dataset.inter_feat)
     dataset.inter_feat = type(dataset.inter_feat)(
-        {k: v for k, v in dataset.inter_feat.interaction.items() if k != "timestamp"}
+        {
+            k: v
+            for k, v in dataset.inter_feat.interaction.items()
+            if k not in ("timestamp", "real_time")
+        }
     )
     with pytest.raises(ValueError, match="needs timestamps.*add it to load_col"):
         TiSASRec(config, dataset)
@@ -327,3 +333,102 @@ def test_recdenoiser_on_tisasrec_with_all_ones_masks_is_tisasrec(timed_config):
         "RecDenoiser", "timed", cmd_overrides=dict(timed_config, backbone="TiSASRec", epochs=1)
     )
     assert summary["epochs_run"] == 1 and summary["model_report"]["learned_masks"]
+
+
+def test_real_times_reach_tisasrec_to_the_second(timed_config, caplog):
+    """real_time joins load_col by itself and is read in float64 (compat fix 19; RecBole's
+    float32 rounds unix seconds to 128 s), so the 1 s and 2 s gaps of the file arrive."""
+    with caplog.at_level(logging.INFO):
+        config, train, _, _ = prepare("TiSASRec", dict(timed_config), dataset="timed")
+        model = TiSASRec(config, train._dataset)
+    assert "real_time" in config["load_col"]["inter"]
+    assert "time intervals from 'real_time', the source's real times in seconds" in caplog.text
+    assert "float32" not in caplog.text and "evenly spaced" not in caplog.text
+    feat = train._dataset.inter_feat
+    assert feat["real_time"].dtype == torch.float64
+    gaps = set()
+    for row in range(len(feat)):
+        length = int(feat[model.ITEM_SEQ_LEN][row])
+        gaps.update(feat[model.TIME_SEQ][row, :length].diff().tolist())
+    assert {1.0, 2.0, 5.0, 30.0} <= gaps and gaps <= set(map(float, GAPS)) | {0.0}
+
+
+def test_real_intervals_reach_tisasrec_from_a_raw_lastfm_file(tmp_path, small_config, caplog):
+    """HetRec LastFM's millisecond times, through dataset_prep, are the intervals the
+    model computes: its relation matrix equals the authors' on the raw seconds."""
+    from dataset_prep import convert
+
+    rng = random.Random(5)
+    lines, raw_seconds = ["userID\tartistID\ttagID\ttimestamp"], {}
+    for user in range(1, 31):
+        time_ms = 1_275_000_000_000 + rng.randint(0, 10**9)
+        for step in range(rng.randint(6, 12)):
+            time_ms += rng.choice((1_000, 60_000, 3_600_000, 86_400_000, 7 * 86_400_000))
+            artist = (user * 3 + step * rng.randint(1, 3)) % 20 + 1
+            lines.append(f"{user}\t{artist}\t{rng.randint(1, 9)}\t{time_ms}")
+            raw_seconds.setdefault(str(user), []).append((str(artist), time_ms / 1000))
+    raw = tmp_path / "user_taggedartists-timestamps.dat"
+    raw.write_text("\n".join(lines) + "\n")
+    convert(raw, tmp_path / "data", "hetrec", fmt="lastfm-hetrec", core=1, show_progress=False)
+
+    overrides = dict(small_config, data_path=str(tmp_path / "data"), time_span=64, **NO_DROPOUT)
+    with caplog.at_level(logging.INFO):
+        config, train, _, test = prepare("TiSASRec", overrides, dataset="hetrec")
+        model = TiSASRec(config, train._dataset)
+    assert "time intervals from 'real_time'" in caplog.text
+    batch = first_batch(test)
+    lengths = batch[model.ITEM_SEQ_LEN]
+    matrix = time_interval_matrix(batch[model.TIME_SEQ], batch[model.ITEM_SEQ], time_span=64)
+    dataset = train._dataset
+    checked = 0
+    for row in range(len(batch)):
+        user = dataset.id2token(dataset.uid_field, int(batch[model.USER_ID][row]))
+        length = int(lengths[row])
+        items = dataset.id2token(dataset.iid_field, batch[model.ITEM_SEQ][row, :length].numpy())
+        seen, times = set(), []
+        for artist, seconds in raw_seconds[idmap_user(tmp_path, user)]:
+            if artist not in seen:  # dataset_prep keeps each artist's first tag row
+                seen.add(artist)
+                times.append((artist, seconds))
+        times.sort(key=lambda pair: pair[1])
+        assert [idmap_item(tmp_path, token) for token in items] == [a for a, _ in times[:length]]
+        expected = authors_relation([seconds for _, seconds in times[:length]], time_span=64)
+        assert matrix[row, :length, :length].tolist() == expected
+        checked += 1
+    assert checked >= 10 and matrix.max() > 1
+
+
+def idmap_user(root, token):
+    import json
+
+    return json.loads((root / "data" / "hetrec" / "hetrec.idmap.json").read_text())["user"][
+        int(token) - 1
+    ]
+
+
+def idmap_item(root, token):
+    import json
+
+    return json.loads((root / "data" / "hetrec" / "hetrec.idmap.json").read_text())["item"][
+        int(token) - 1
+    ]
+
+
+def test_unix_times_held_in_float32_are_reported(tmp_path, small_config, caplog):
+    """A dataset whose only times are unix seconds in TIME_FIELD (RecBole's float32):
+    the run says that gaps under the rounding step are lost and how to keep them."""
+    (tmp_path / "unix").mkdir()
+    rows = ["user_id:token\titem_id:token\ttimestamp:float"]
+    for user in range(1, 21):
+        for step in range(8):
+            rows.append(f"{user}\t{(user + step) % 15 + 1}\t{1_600_000_000 + 37 * step * user}")
+    (tmp_path / "unix" / "unix.inter").write_text("\n".join(rows) + "\n")
+    with caplog.at_level(logging.INFO):
+        config, train, _, _ = prepare(
+            "TiSASRec", dict(small_config, data_path=str(tmp_path)), "unix"
+        )
+        TiSASRec(config, train._dataset)
+    assert "time intervals from TIME_FIELD 'timestamp'" in caplog.text
+    assert "holds 'timestamp' in float32, which rounds times near 1.6e+09 to multiples of 128" in (
+        caplog.text
+    )

@@ -30,7 +30,11 @@ from recbole_freq.model.objectives import (
     build_objective,
     component_regularisation,
 )
-from recbole_freq.model.temporal import TimeIntervalRelations, evenly_spaced_users
+from recbole_freq.model.temporal import (
+    TimeIntervalRelations,
+    interval_time_field,
+    report_interval_times,
+)
 from recbole_freq.options import as_number
 
 LOSS_TYPES = ("CE", "BPR")
@@ -282,7 +286,7 @@ class TransformerRecommender(SequentialRecommender):
         enabled = config_value(config, "time_intervals", False)
         if enabled not in (True, False):
             raise ValueError(f"time_intervals={enabled!r} must be True or False")
-        self.TIME_SEQ = None
+        self.TIME_SEQ = self.INTERVAL_TIME_FIELD = None
         if not enabled:
             return None
         name = type(self).__name__
@@ -290,21 +294,9 @@ class TransformerRecommender(SequentialRecommender):
             raise ValueError(
                 f"time_intervals=True is not available for {name}: {self.extra_inputs_unavailable}"
             )
-        time_field = config["TIME_FIELD"]
-        self.TIME_SEQ = f"{time_field}{config['LIST_SUFFIX']}"
-        if time_field is None or time_field not in dataset.inter_feat.columns:
-            raise ValueError(
-                f"time_intervals=True needs timestamps, and dataset {config['dataset']!r} "
-                f"has no loaded TIME_FIELD {time_field!r}: add it to load_col (inter)"
-            )
-        even, users = evenly_spaced_users(dataset)
-        if users and even == users:
-            logging.getLogger().warning(
-                f"{name}: every user of {config['dataset']!r} has evenly spaced timestamps "
-                "(they only order the interactions, as in the one-line format), so each "
-                "time interval equals the position distance |i - j| and the interval "
-                "embeddings learn relative positions, not time"
-            )
+        self.INTERVAL_TIME_FIELD = interval_time_field(config, dataset)
+        self.TIME_SEQ = f"{self.INTERVAL_TIME_FIELD}{config['LIST_SUFFIX']}"
+        report_interval_times(name, config, dataset, self.INTERVAL_TIME_FIELD)
         return TimeIntervalRelations(
             self.max_seq_length,
             config_value(config, "time_span", 256),

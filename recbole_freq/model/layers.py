@@ -204,9 +204,16 @@ class KeyValueRelations:
     bucket_key: torch.Tensor
     bucket_value: torch.Tensor
 
-    def index_for(self, scores: torch.Tensor) -> torch.Tensor:
-        """``pair_bucket`` broadcast to the ``(batch, heads, n, n)`` of ``scores``."""
-        return self.pair_bucket[:, None].expand_as(scores)
+    def index_for(self, heads: int) -> torch.Tensor:
+        """``pair_bucket`` broadcast to ``(heads, batch, n, n)``."""
+        return self.pair_bucket.unsqueeze(0).expand(heads, *self.pair_bucket.shape)
+
+
+def _heads_first(tensor: torch.Tensor) -> torch.Tensor:
+    """``(batch, heads, n, k)`` -> ``(heads, batch * n, k)``: one large matrix product per
+    head instead of one small one per (row, head)."""
+    batch, heads, n, k = tensor.shape
+    return tensor.transpose(0, 1).reshape(heads, batch * n, k)
 
 
 def attention_probabilities(query, key, mask, relations=None) -> torch.Tensor:
@@ -217,8 +224,10 @@ def attention_probabilities(query, key, mask, relations=None) -> torch.Tensor:
         key = key + relations.position_key
     scores = torch.matmul(query, key.transpose(-1, -2))
     if relations is not None:
-        per_bucket = torch.matmul(query, relations.bucket_key.transpose(-1, -2))
-        scores = scores + per_bucket.gather(-1, relations.index_for(scores))
+        batch, heads, n, _ = query.shape
+        per_bucket = torch.matmul(_heads_first(query), relations.bucket_key.transpose(-1, -2))
+        per_bucket = per_bucket.view(heads, batch, n, -1)
+        scores = scores + per_bucket.gather(-1, relations.index_for(heads)).transpose(0, 1)
     scores = scores * query.size(-1) ** -0.5
     return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
 
@@ -229,12 +238,13 @@ def attend(probs, value, relations=None) -> torch.Tensor:
     ``R^V``."""
     if relations is None:
         return torch.matmul(probs, value)
+    batch, heads, n, _ = probs.shape
     buckets = relations.bucket_value.size(-2)
-    per_bucket = probs.new_zeros(*probs.shape[:-1], buckets)
-    per_bucket = per_bucket.scatter_add(-1, relations.index_for(probs), probs)
-    return torch.matmul(probs, value + relations.position_value) + torch.matmul(
-        per_bucket, relations.bucket_value
-    )
+    per_bucket = probs.new_zeros(heads, batch, n, buckets)
+    per_bucket.scatter_add_(-1, relations.index_for(heads), probs.transpose(0, 1))
+    intervals = torch.matmul(per_bucket.view(heads, batch * n, buckets), relations.bucket_value)
+    output = torch.matmul(probs, value + relations.position_value)
+    return output + intervals.view(heads, batch, n, -1).transpose(0, 1)
 
 
 class SoftmaxAttention(nn.Module):

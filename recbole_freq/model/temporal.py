@@ -24,14 +24,20 @@ One difference, on purpose: the authors take the user's scale over the whole his
 test interaction included; here it is taken over the items of each row's input, so a
 row sees nothing that follows it.
 
-Datasets whose timestamps only order the interactions (the one-line format of the
-BSARec, FMLP-Rec and S3-Rec repositories, for which ``dataset_prep`` writes a running
-counter as the timestamp) have equal gaps, so every interval is the position distance
-``|i - j|`` (clipped at k): TiSASRec then learns relative-position embeddings, not time.
-``evenly_spaced_users`` measures that on a dataset.
+Which times: ``dataset_prep`` writes a running counter as ``timestamp`` (it fixes the
+order of the papers' procedure) and, for raw logs, the source's real time in seconds
+as ``real_time`` (``REAL_TIME_FIELD``); the intervals are read from the real times when
+the dataset has them (``interval_time_field``), else from ``TIME_FIELD``, and the log
+says which (``report_interval_times``).  Datasets whose times only order the
+interactions (the one-line format of the BSARec, FMLP-Rec and S3-Rec repositories) have
+equal gaps, so every interval is the position distance ``|i - j|`` (clipped at k):
+TiSASRec then learns relative-position embeddings, not time.  ``evenly_spaced_users``
+measures that on a dataset.
 """
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import torch
@@ -109,13 +115,61 @@ class TimeIntervalRelations(nn.Module):
         return f"time_span={self.time_span}, n_heads={self.n_heads}"
 
 
-def evenly_spaced_users(dataset) -> tuple[int, int]:
+# float32 holds integers exactly up to 2**24: unix seconds (about 1.7e9) are rounded.
+FLOAT32_EXACT_UP_TO = 2**24
+
+
+def interval_time_field(config, dataset) -> str:
+    """The column TiSASRec's intervals are read from: ``REAL_TIME_FIELD`` (the source's
+    real times in seconds) when the dataset has it loaded, else ``TIME_FIELD``."""
+    real = config["REAL_TIME_FIELD"]
+    if real and real in dataset.inter_feat.columns:
+        return real
+    time_field = config["TIME_FIELD"]
+    if time_field is None or time_field not in dataset.inter_feat.columns:
+        raise ValueError(
+            f"time_intervals=True needs timestamps, and dataset {config['dataset']!r} "
+            f"has no loaded TIME_FIELD {time_field!r}: add it to load_col (inter)"
+        )
+    return time_field
+
+
+def report_interval_times(model_name: str, config, dataset, field: str) -> None:
+    """Say in the run's log which times the intervals come from, and warn when they
+    cannot be time: evenly spaced (the order only) or rounded by float32."""
+    logger = logging.getLogger()
+    times = dataset.inter_feat[field]
+    if field == config["REAL_TIME_FIELD"]:
+        logger.info(
+            f"{model_name}: time intervals from {field!r}, the source's real times in seconds"
+        )
+    else:
+        logger.info(f"{model_name}: time intervals from TIME_FIELD {field!r}")
+    even, users = evenly_spaced_users(dataset, field)
+    if users and even == users:
+        logger.warning(
+            f"{model_name}: every user of {config['dataset']!r} has evenly spaced timestamps "
+            "(they only order the interactions, as in the one-line format), so each "
+            "time interval equals the position distance |i - j| and the interval "
+            "embeddings learn relative positions, not time"
+        )
+    largest = float(times.abs().max()) if len(times) else 0.0
+    if times.dtype == torch.float32 and largest > FLOAT32_EXACT_UP_TO:
+        step = float(np.spacing(np.float32(largest)))
+        logger.warning(
+            f"{model_name}: RecBole holds {field!r} in float32, which rounds times near "
+            f"{largest:.4g} to multiples of {step:g}, so shorter intervals are lost; "
+            "prepare the data with dataset_prep, whose real_time column is read exactly"
+        )
+
+
+def evenly_spaced_users(dataset, field=None) -> tuple[int, int]:
     """``(evenly spaced, users with >= 3 interactions)`` of a RecBole dataset: users
-    whose consecutive interactions are all the same time apart, for whom TiSASRec's
-    intervals are position distances."""
+    whose consecutive interactions are all the same time apart in ``field`` (default:
+    the time field), for whom TiSASRec's intervals are position distances."""
     feat = dataset.inter_feat
     users = feat[dataset.uid_field].numpy()
-    times = feat[dataset.time_field].numpy().astype(np.float64)
+    times = feat[field or dataset.time_field].numpy().astype(np.float64)
     order = np.lexsort((times, users))
     users, times = users[order], times[order]
     same_user = users[1:] == users[:-1]

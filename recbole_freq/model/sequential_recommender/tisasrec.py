@@ -29,9 +29,11 @@ class TiSASRec(TransformerRecommender):
     all position and interval embeddings 0 and input positions on, it is the core's
     SASRec (the tests check both).
 
-    Timestamps: the rows' ``TIME_FIELD`` list; on datasets whose timestamps only order
-    the interactions (the one-line format) every interval is the position distance, and
-    the model says so in the log (``temporal``).
+    Times: the source's real times in seconds (``REAL_TIME_FIELD``, the ``real_time``
+    column that ``dataset_prep`` writes for raw logs) when the dataset has them, else the
+    ``TIME_FIELD`` list; the log says which.  On datasets whose times only order the
+    interactions (the one-line format) every interval is the position distance, and the
+    model says so in the log (``temporal``).
     """
 
     token_mixer = "self_attention"
