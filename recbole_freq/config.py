@@ -26,6 +26,7 @@ import yaml
 from recbole.config import Config
 from recbole.utils import ModelType
 
+from recbole_freq.command import invoked_command
 from recbole_freq.model import MODELS
 from recbole_freq.protocol import DEFAULT_PROTOCOL, protocol_file
 
@@ -294,7 +295,7 @@ def find_config_file(name, suffix: str = ".yaml", what: str = "config file") -> 
     hint = f"closest: {', '.join(close)}; " if close else ""
     raise FileNotFoundError(
         f"{what} {str(name)!r} does not exist, and no built-in file has that name ({hint}"
-        "run_recbole_freq.py --help lists them)"
+        f"{invoked_command()} --help lists them)"
     )
 
 

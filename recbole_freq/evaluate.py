@@ -113,7 +113,14 @@ def _trained_under(config) -> str:
 def markdown(results: list[dict], checkpoint: str) -> str:
     metrics = list(results[0]["test_result"])
     header = ["variant", "protocol label", *metrics]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    labels = ", ".join(dict.fromkeys(result["protocol"] for result in results))
+    lines = [
+        f"Protocol labels: {labels} (training pieces: the checkpoint's, "
+        f"{results[0]['trained_under']})",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
     for result in results:
         cells = [result["variant"], result["protocol"]]
         cells += [f"{result['test_result'][m]:.4f}" for m in metrics]

@@ -25,6 +25,7 @@ from recbole.data.utils import create_samplers, get_dataloader
 from recbole.utils import ModelType, dict2str, get_flops, init_logger, init_seed, set_color
 
 from recbole_freq.checkpoint import weights_fingerprint
+from recbole_freq.command import invoked_command
 from recbole_freq.compat import current_log_file, saved_state
 from recbole_freq.config import FreqConfig, get_model_class
 from recbole_freq.data import check_prepared, dataset_fingerprint, inter_files
@@ -340,7 +341,7 @@ def _interrupted_training(recorder, resume_file) -> str:
         done = "epoch 0 is" if epoch == 1 else f"epochs 0-{epoch - 1} are"
         return (
             f"training stopped in epoch {epoch}; {done} kept in {resume_file}. "
-            f"Resume with: python run_recbole_freq.py --resume {resume_file}"
+            f"Resume with: {invoked_command()} --resume {resume_file}"
         )
     return f"training stopped in epoch {epoch}, before any epoch completed; nothing to resume"
 

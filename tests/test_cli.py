@@ -213,7 +213,7 @@ def test_python_dash_m_runs_the_same_command_line():
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert "run_recbole_freq.py --compare" in done.stdout
+    assert "usage: python -m recbole_freq --compare" in done.stdout
     done = subprocess.run(
         [sys.executable, "-m", "recbole_freq", "--compare", "A", "--hyper_file", "x"],
         capture_output=True,
@@ -222,3 +222,46 @@ def test_python_dash_m_runs_the_same_command_line():
     )
     assert done.returncode == 2
     assert done.stderr == "error: --compare and --hyper_file are separate jobs; give one\n"
+
+
+@pytest.mark.parametrize(
+    "argv0, command",
+    [
+        ("/home/u/venv/bin/recbole-freq", "recbole-freq"),
+        (
+            "/home/u/venv/lib/python3.12/site-packages/recbole_freq/__main__.py",
+            "python -m recbole_freq",
+        ),
+        ("run_recbole_freq.py", "python run_recbole_freq.py"),
+        ("../my checkout/run_recbole_freq.py", "python '../my checkout/run_recbole_freq.py'"),
+        ("-c", "python -m recbole_freq"),  # the Python API: a command that always works
+    ],
+)
+def test_hints_name_the_command_that_was_run(argv0, command):
+    from recbole_freq.command import invoked_command
+
+    assert invoked_command(argv0) == command
+
+
+def test_the_installed_script_names_itself_in_usage_and_hints(tmp_path):
+    """Usage lines and the 'Resume with' / 'train it' hints follow sys.argv[0]."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "recbole-freq"
+    script.write_text("import sys\nfrom recbole_freq.cli import main\nsys.exit(main())\n")
+    done = subprocess.run(
+        [sys.executable, str(script), "--recommend", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: recbole-freq --recommend")
+    done = subprocess.run(
+        [sys.executable, str(script), "--config_files", "no/such/file"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "recbole-freq --help lists them" in done.stderr

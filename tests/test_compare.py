@@ -41,6 +41,8 @@ def test_two_models_two_seeds_give_tables_plot_and_resume(small_config, tmp_path
     argv = ["--compare", "BSARec,SASRec", "--dataset=tiny", "--seeds", "11,12", "--out", str(out)]
     assert main([*argv, *cli_args(overrides)]) == 0
     printed = capsys.readouterr().out
+    # The printed tables open with the protocol's label.
+    assert printed.split("\nProtocol: recbole\n", 1)[1].lstrip().startswith("| Model |")
 
     run_files = sorted(p.name for p in (out / "runs").glob("*.json"))
     assert run_files == [f"{m}-seed{s}.json" for m in ("BSARec", "SASRec") for s in (11, 12)]

@@ -371,7 +371,10 @@ def test_evaluate_one_checkpoint_under_several_protocols(small_config, tmp_path,
     assert (
         main(["--evaluate", summary["checkpoint"], "--under", "recbole", "--output", str(out)]) == 0
     )
-    assert "| recbole | recbole |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| recbole | recbole |" in printed
+    first = "Protocol labels: recbole (training pieces: the checkpoint's, train_rows=all_prefixes)"
+    assert printed.splitlines()[0] == first
     assert json.loads(out.read_text())[0]["test_result"] == results[0]["test_result"]
     code = main(["--evaluate", summary["checkpoint"], "--under", "train_rows=window"])
     assert code == 2

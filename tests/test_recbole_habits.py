@@ -64,9 +64,10 @@ def test_a_summary_shows_every_metric_it_holds():
         "train_seconds_per_epoch": 1.0, "parameters": 10, "checkpoint": "c.pth",
         "best_valid_result": {"hit@5": 0.5, "mrr@5": 0.25, "averagepopularity@5": 12.5},
         "test_result": {"hit@5": 0.4, "mrr@5": 0.2, "averagepopularity@5": 11.0},
-        "log_file": "log/SASRec/c.log",
+        "log_file": "log/SASRec/c.log", "protocol": {"label": "sasrec+loss_type=CE"},
     }  # fmt: skip
     text = format_summary(summary)
+    assert "SASRec on tiny  protocol sasrec+loss_type=CE  (seed 1" in text.splitlines()[1]
     for row in ("hit@5", "mrr@5", "averagepopularity@5"):
         assert row in text
     assert "log:        log/SASRec/c.log" in text

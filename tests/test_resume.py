@@ -45,7 +45,7 @@ def test_a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one(
     config = dict(small_config, epochs=4)
     uninterrupted = run(model, "tiny", config_dict=config)
     calls = interrupt_at_epoch(monkeypatch, 2)
-    with pytest.raises(RunInterrupted, match="Resume with: python run_recbole_freq.py --resume"):
+    with pytest.raises(RunInterrupted, match="Resume with: python -m recbole_freq --resume"):
         run(model, "tiny", config_dict=config)
     assert calls == [1, 2]
     monkeypatch.undo()

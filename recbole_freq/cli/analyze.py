@@ -16,12 +16,13 @@ from recbole_freq.analysis import (
 from recbole_freq.analysis_figures import write_figures
 from recbole_freq.checkpoint import CheckpointError, UntrustedCheckpointError
 from recbole_freq.cli.common import EXPECTED_ERRORS, CommandLineParser, report_error
+from recbole_freq.command import invoked_command
 from recbole_freq.files import OutputWriteError, check_writable, write_atomic
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandLineParser(
-        prog="run_recbole_freq.py --analyze",
+        prog=f"{invoked_command()} --analyze",
         allow_abbrev=False,
         description="Frequency analysis of trained checkpoints (figures + analysis.json).",
     )

@@ -13,13 +13,14 @@ from recbole_freq.cli.common import (
     report_error,
     split_config_files,
 )
+from recbole_freq.command import invoked_command
 from recbole_freq.compare import DEFAULT_SEEDS, compare
 from recbole_freq.quick_start import DEFAULT_DATASET, RunInterrupted
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandLineParser(
-        prog="run_recbole_freq.py --compare",
+        prog=f"{invoked_command()} --compare",
         allow_abbrev=False,
         description="Compare models over several seeds on one dataset and protocol. Any "
         "other --key=value is a RecBole config override applied to every run.",
@@ -101,8 +102,10 @@ def cli(argv: list[str]) -> int:
     except RunInterrupted as interrupt:
         raise RunInterrupted(
             f"{interrupt}. Continue with the same command (stored runs are skipped): "
-            f"python run_recbole_freq.py {shlex.join(argv)}"
+            f"{invoked_command()} {shlex.join(argv)}"
         ) from interrupt
+    labels = ", ".join(dict.fromkeys(row["protocol"] for row in result["rows"]))
+    print(f"Protocol{'s' if ',' in labels else ''}: {labels}\n")
     print(result["markdown"])
     for name, path in result["files"].items():
         print(f"{name:<9} {path}")

@@ -7,13 +7,14 @@ import argparse
 import json
 
 from recbole_freq.cli.common import EXPECTED_ERRORS, CommandLineParser, report_error
+from recbole_freq.command import invoked_command
 from recbole_freq.evaluate import evaluate_checkpoint, markdown
 from recbole_freq.files import check_output_file, write_atomic
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandLineParser(
-        prog="run_recbole_freq.py --evaluate",
+        prog=f"{invoked_command()} --evaluate",
         allow_abbrev=False,
         description="Test a trained checkpoint under evaluation variants: a protocol name "
         "(its evaluation pieces) or key=value changes joined by '+' (history_mask, "

@@ -14,6 +14,7 @@ from recbole_freq.checkpoint import (
     restore_model,
 )
 from recbole_freq.cli.common import EXPECTED_ERRORS, CommandLineParser, report_error
+from recbole_freq.command import invoked_command
 from recbole_freq.files import OutputWriteError, check_output_file, write_atomic
 from recbole_freq.recommend import (
     CONTEXTS,
@@ -29,7 +30,7 @@ from recbole_freq.recommend import (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandLineParser(
-        prog="run_recbole_freq.py --recommend",
+        prog=f"{invoked_command()} --recommend",
         allow_abbrev=False,
         description="Top-k recommendations of a trained checkpoint, in external tokens.",
     )

@@ -13,6 +13,7 @@ from recbole_freq.cli.common import (
     report_error,
     split_config_files,
 )
+from recbole_freq.command import invoked_command
 from recbole_freq.quick_start import (
     DEFAULT_DATASET,
     DEFAULT_MODEL,
@@ -51,7 +52,7 @@ RECBOLE_FREQ_DEBUG=1 shows tracebacks.
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandLineParser(
-        prog="run_recbole_freq.py",
+        prog=invoked_command(),
         # Prefix matching would read BSARec's --c=5 as --config_files.
         allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -120,17 +121,19 @@ def _default_job_files(args) -> list[str]:
 
 
 def format_summary(summary: dict) -> str:
-    """Readable end-of-run report: metrics table, epochs, time, files."""
+    """Readable end-of-run report: the run and its protocol label first, then the metrics
+    table, epochs, time, files."""
     valid, test = summary["best_valid_result"], summary["test_result"]
     # Every metric the run's config asked for (metrics x topk), in RecBole's order.
     metrics = list(test)
     width = max([len("metric"), *map(len, metrics)]) + 2
     minutes, seconds = divmod(summary["total_seconds"], 60)
     stop = "early stopping" if summary["stopped_early"] else "epoch budget reached"
+    protocol = (summary.get("protocol") or {}).get("label", "not recorded")
     lines = [
         "=" * 60,
-        f"recbole-freq  {summary['model']} on {summary['dataset']}  (seed {summary['seed']}, "
-        f"{summary['device']})",
+        f"recbole-freq  {summary['model']} on {summary['dataset']}  protocol {protocol}  "
+        f"(seed {summary['seed']}, {summary['device']})",
         f"data: {summary['config'].get('data_path')} (sha256 "
         f"{str(summary.get('dataset_sha256'))[:16]})",
         f"epochs run: {summary['epochs_run']} ({stop}); best epoch: {summary['best_epoch']} "

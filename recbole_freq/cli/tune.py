@@ -12,6 +12,7 @@ from recbole_freq.cli.common import (
     report_error,
     split_config_files,
 )
+from recbole_freq.command import invoked_command
 from recbole_freq.files import OutputWriteError, check_output_file, write_atomic
 from recbole_freq.quick_start import RunInterrupted
 from recbole_freq.tune import SEARCHES, TrialsFailedError, default_search_name, tune_model
@@ -19,7 +20,7 @@ from recbole_freq.tune import SEARCHES, TrialsFailedError, default_search_name, 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandLineParser(
-        prog="run_recbole_freq.py --hyper_file",
+        prog=f"{invoked_command()} --hyper_file",
         allow_abbrev=False,
         description="Hyperparameter search with Ray Tune over a RecBole hyper file. Any "
         "other --key=value is a RecBole setting fixed for every trial (e.g. --epochs=50).",
@@ -116,7 +117,7 @@ def cli(argv: list[str]) -> int:
     except KeyboardInterrupt as interrupt:
         raise RunInterrupted(
             f"{interrupt if isinstance(interrupt, RunInterrupted) else 'the search stopped'}. "
-            "Continue with: python run_recbole_freq.py " + shlex.join(_resume_argv(argv, name))
+            f"Continue with: {invoked_command()} " + shlex.join(_resume_argv(argv, name))
         ) from interrupt
     report = (
         f"{summary['table']}\n\nbest configuration: {summary['best_yaml']}\n"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from recbole_freq.command import invoked_command
 from recbole_freq.compare.runs import (
     DEFAULT_SEEDS,
     RESERVED_OVERRIDES,
@@ -250,7 +251,7 @@ def compare(
         raise ComparisonError(
             f"world_size={parallel['world_size']} spans machines; a comparison trains on "
             "this machine's processes (nproc alone): train each model with "
-            "run_recbole_freq.py on every machine instead"
+            f"{invoked_command()} on every machine instead"
         )
     metrics = choose_metrics(None if metrics is None else _parse_list(metrics, "--metrics"), config)
     check_writable(out, "--out")

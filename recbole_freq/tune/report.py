@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from recbole_freq.command import invoked_command
 from recbole_freq.files import plain_value, write_atomic
 
 
@@ -153,7 +154,7 @@ def write_outputs(summary, experiment_dir: Path, names, job, config_dict, cmd_ov
         f"(epoch {best.get('best_epoch')}), test {metric} = {test_text}",
         f"# ranked by validation {metric}; the test split did not influence the choice",
         f"# protocol: {best.get('protocol') or 'unrecorded'} (docs/protocols.md)",
-        f"# train it: python run_recbole_freq.py --model={summary['model']} "
+        f"# train it: {invoked_command()} --model={summary['model']} "
         f"--dataset={summary['dataset']} --config_files {files}",
     ]
     if job["paper"]:

@@ -1,0 +1,30 @@
+"""The command the user started, for usage lines and for hints that say what to run next.
+
+An installed copy has no ``run_recbole_freq.py``: a hint naming it sends the user to a
+file they do not have.  ``invoked_command`` names what was actually run: the installed
+``recbole-freq`` script, ``python -m recbole_freq``, or the checkout's script as typed.
+From the Python API (no command ran) it names ``python -m recbole_freq``, which works
+wherever the package imports.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+SCRIPT = "run_recbole_freq.py"
+MODULE_COMMAND = "python -m recbole_freq"
+
+
+def invoked_command(argv0: str | None = None) -> str:
+    """``recbole-freq``, ``python -m recbole_freq`` or ``python <path>/run_recbole_freq.py``
+    for the program whose ``sys.argv[0]`` is ``argv0`` (default: this process's)."""
+    if argv0 is None:
+        argv0 = sys.argv[0] if sys.argv else ""
+    name = os.path.basename(argv0)
+    if name in ("recbole-freq", "recbole-freq.exe"):
+        return "recbole-freq"
+    if name == SCRIPT:
+        return f"python {shlex.quote(argv0)}"
+    return MODULE_COMMAND
