@@ -21,7 +21,8 @@ memory available is refused with one line (estimate, available, what to lower);
 ``memory_check: False`` skips the check.  On CUDA the same estimate is only a warning:
 the calibration is the CPU's, CUDA's fused attention holds less, and a CUDA
 out-of-memory error ends the run with one line (``TrainingOutOfMemory``) instead of a
-kernel kill.  Models without a calibration (most RecBole
+kernel kill.  Attention with time intervals (TiSASRec) adds a third term,
+``RELATION_COEFFICIENT * B * layers * heads * n * (n + time_span + 1)``.  Models without a calibration (most RecBole
 built-ins) are not checked.  Separately, a length far beyond the longest history in the
 data is a warning: the padding costs memory and time.
 """
@@ -46,13 +47,18 @@ COEFFICIENTS = {
     "RecDenoiser": (11.36, 16.1),  # masks, ARM's two passes, Jacobian projections
     "BERT4RecDenoiser": (11.13, 16.48),
 }
-# TiSASRec materialises its time-interval relations as (batch, n, n, hidden) key and
-# value tensors, which the two coefficients above cannot describe: its estimate is
-# SASRec's plus this many float32 (batch, n, n, hidden) tensors per layer.  Fitted on
-# four measured steps (ml-100k, hidden 64, 2 layers, 2 heads; batch x length 64x100,
-# 32x200, 16x300, 8x400: 3.79 to 4.11 needed; benchmarks/results/memory-tisasrec-cpu.md)
-# and rounded up, so that no estimate is below its measurement.
-RELATION_COEFFICIENTS = {"TiSASRec": 4.2}
+# Attention with time intervals (TiSASRec's, ``time_intervals: True``) adds, per layer
+# and head, tensors of n x (n + buckets) values (each query's products with the
+# time_span + 1 interval embeddings, each row's probabilities summed per interval) and,
+# per step, the float64 and int64 n x n interval matrices: the estimate adds this many
+# float32 values times batch * layers * heads * n * (n + time_span + 1).  Fitted on five
+# measured steps (ml-100k, every interval bucket in use, hidden 64, 2 layers, 2 heads;
+# batch x length 256x50 to 32x500: -0.47 to 0.93 needed;
+# benchmarks/results/memory-tisasrec-cpu.md) and rounded up, so that no estimate is below
+# its measurement.
+RELATION_COEFFICIENT = 1.0
+# Models whose memory is their family's plus the relation term.
+RELATION_FAMILIES = {"TiSASRec": "SASRec"}
 # A length at least this many times the longest history is mostly padding.
 PADDING_WARNING_FACTOR = 2
 
@@ -74,6 +80,7 @@ class StepShape:
     layers: int
     items: int
     scored: int  # positions scored against every item (CE)
+    buckets: int = 0  # interval embeddings of attention with time intervals (0: none)
 
     @property
     def parameters(self) -> int:
@@ -111,20 +118,29 @@ def step_shape(config, n_items: int) -> StepShape | None:
         layers=config["n_layers"],
         items=n_items,
         scored=scored,
+        buckets=_interval_buckets(config),
     )
+
+
+def _interval_buckets(config) -> int:
+    """``time_span + 1`` when attention reads time intervals, else 0."""
+    if config["time_intervals"] is not True:
+        return 0
+    span = config["time_span"]
+    return (span if isinstance(span, int) and span > 0 else 256) + 1
 
 
 def estimate_bytes(model: str, shape: StepShape) -> int | None:
     """Estimated peak bytes of one training step above the set-up footprint, or None
     for a model without a calibration."""
-    if model in RELATION_COEFFICIENTS:
-        attention, activations = COEFFICIENTS["SASRec"]
-        relations = RELATION_COEFFICIENTS[model] * shape.batch * shape.layers
-        relations *= shape.length**2 * shape.hidden
-    elif model in COEFFICIENTS:
-        (attention, activations), relations = COEFFICIENTS[model], 0.0
-    else:
+    family = RELATION_FAMILIES.get(model, model)
+    if family not in COEFFICIENTS:
         return None
+    attention, activations = COEFFICIENTS[family]
+    relations = 0.0
+    if shape.buckets:
+        relations = RELATION_COEFFICIENT * shape.batch * shape.layers * shape.heads
+        relations *= shape.length * (shape.length + shape.buckets)
     a, b, fixed = shape.terms()
     return int(4 * (attention * a + activations * b + fixed + relations))
 

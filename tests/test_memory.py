@@ -1,6 +1,7 @@
 """The memory guard: an estimate that scales like the model, a one-line refusal before
 the model is built, a warning for lengths far beyond the data."""
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -146,12 +147,22 @@ def test_running_out_of_memory_while_training_is_one_line_exit_1(small_config, c
     assert err.startswith("error: out of memory on cpu while running BSARec (train_batch_size=64")
 
 
-def test_tisasrec_at_length_2000_is_refused_before_its_relations_fill_the_memory(small_config):
+def test_tisasrec_at_length_2000_is_refused_before_its_relations_fill_the_memory(
+    small_config, monkeypatch, capsys
+):
+    """On a machine with CI's 24 GiB, in one line, before anything is built."""
     config, dataset = tiny_dataset(
         small_config, model="TiSASRec", MAX_ITEM_LIST_LENGTH=2000, train_batch_size=256
     )
     shape = step_shape(config, dataset.item_num)
-    relations = 4.2 * 256 * shape.layers * 2000**2 * shape.hidden * 4
-    assert estimate_bytes("TiSASRec", shape) >= relations  # the (b, n, n, d) tensors count
+    assert shape.buckets == config["time_span"] + 1
+    sasrec = estimate_bytes("SASRec", dataclasses.replace(shape, buckets=0))
+    relations = 1.0 * 256 * shape.layers * shape.heads * 2000 * (2000 + shape.buckets) * 4
+    assert estimate_bytes("TiSASRec", shape) == sasrec + int(relations)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 24 * 2**30)
     with pytest.raises(MemoryGuardError, match=r"^TiSASRec needs about .* GiB per training step"):
         check_memory(config, dataset)
+    overrides = dict(small_config, MAX_ITEM_LIST_LENGTH=2000, train_batch_size=256)
+    assert main(["--model=TiSASRec", "--dataset=tiny", *cli_args(overrides)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: TiSASRec needs about")
