@@ -362,6 +362,29 @@ def test_paper_settings_per_model_and_the_protocol_they_name(small_config, tmp_p
         compare("SASRec", "tiny", seeds="5", overrides=overrides, out=tmp_path / "q", paper=True)
 
 
+def test_paper_files_of_different_protocols_run_mixed_only_when_asked(small_config, tmp_path):
+    """BSARec's paper file names bsarec, RecDenoiser's sasrec: without a protocol the
+    refusal names both ways out; with --mixed_protocols each runs under its own."""
+    from conftest import write_sequences
+    from dataset_prep import convert_one_line
+
+    root = tmp_path / "data"
+    root.mkdir()
+    raw = write_sequences(root / "lastfm.txt")
+    convert_one_line(raw, root, "lastfm", show_progress=False, check=False)
+    overrides = overrides_of(small_config, epochs=1, data_path=str(root))
+    models = "BSARec,RecDenoiser"
+    with pytest.raises(ComparisonError, match="choose one with --protocol, or add --mixed_prot"):
+        compare(models, "lastfm", seeds="5", overrides=overrides, out=tmp_path / "p", paper=True)
+    result = compare(
+        models, "lastfm", seeds="5", overrides=overrides, out=tmp_path / "p", paper=True,
+        mixed_protocols=True,
+    )  # fmt: skip
+    labels = {row["model"]: row["protocol"].split("+")[0] for row in result["rows"]}
+    assert labels == {"BSARec": "bsarec", "RecDenoiser": "sasrec"}
+    assert "Mixed protocols" in result["markdown"]
+
+
 def test_paper_gives_a_denoisers_backbone_the_same_settings(small_config, tmp_path):
     """With ``--paper``, SASRec beside RecDenoiser gets every setting of RecDenoiser's paper
     file but the denoiser's own, so the pair differs only in the denoiser; a model that is

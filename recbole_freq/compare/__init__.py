@@ -65,11 +65,15 @@ from recbole_freq.protocol import comparable_label, protocol_file
 # ---------------------------------------------------------------------------- API
 
 
-def _paper_models(models, dataset, overrides: dict, protocols) -> tuple[list[str], dict]:
+def _paper_models(
+    models, dataset, overrides: dict, protocols, mixed: bool = False
+) -> tuple[list[str], dict]:
     """The models with paper settings for ``dataset``, and the settings of the others that
     are a denoiser's backbone (SASRec beside RecDenoiser, BERT4Rec beside BERT4RecDenoiser:
     ``config.paper_reference_settings``, so each pair differs only in the denoiser); sets
-    ``overrides["protocol"]`` to the protocol the paper files name when none is given."""
+    ``overrides["protocol"]`` to the protocol the paper files name when none is given.
+    Paper files that name different protocols need one given, or ``mixed`` (each model
+    then runs under its own paper file's protocol, and each row names it)."""
     from recbole_freq.config import (
         get_model_class,
         paper_file,
@@ -87,12 +91,14 @@ def _paper_models(models, dataset, overrides: dict, protocols) -> tuple[list[str
         )
     named = {read_config_file(files[m]).get("protocol") for m in paper_models} - {None}
     if "protocol" not in overrides and protocols is None and named:
-        if len(named) > 1:
+        if len(named) == 1:
+            overrides["protocol"] = named.pop()
+        elif not mixed:
             raise ComparisonError(
                 f"--paper: the paper files name different protocols ({', '.join(sorted(named))}); "
-                "choose one with --protocol"
+                "choose one with --protocol, or add --mixed_protocols to run each model under "
+                "its own paper file's protocol in one table"
             )
-        overrides["protocol"] = named.pop()
     references = {}
     for model in models:
         if model in paper_models:
@@ -225,7 +231,7 @@ def compare(
     config_files = list(config_files or [])
 
     paper_models, references = (
-        _paper_models(models, dataset, overrides, protocols) if paper else ([], {})
+        _paper_models(models, dataset, overrides, protocols, mixed_protocols) if paper else ([], {})
     )
     settings = run_settings(dataset, config_files, overrides)
     if protocols is not None:
