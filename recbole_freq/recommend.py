@@ -161,17 +161,10 @@ def _history_rows(split_datasets, context: str):
     return [(train, True), (valid, True), (test, context == "next")]
 
 
-def user_inputs(model, split_datasets, uids: np.ndarray, context: str):
-    """``(item_seq, item_seq_len, extra)`` the model reads for each user of ``uids``;
-    ``extra`` holds the other list fields its encoder reads (TiSASRec's timestamps), by
-    list-field name.
-
-    Rows are taken from the splits in time order (train, valid, test): the last row of
-    a user is their latest prefix and target.  ``next`` appends that target to the prefix
-    (dropping the oldest item when the sequence is full); ``test`` uses the test row.
-    """
+def _latest_rows(split_datasets, context: str):
+    """Per user id: the split (index) and row of the user's latest row in the splits the
+    context reads (-1 where none), and those splits (None where unread)."""
     uid_field = split_datasets[0].uid_field
-    max_len = model.max_seq_length
     n_users = split_datasets[0].user_num
     chosen = [None] * 3
     source = np.full(n_users, -1)
@@ -183,7 +176,54 @@ def user_inputs(model, split_datasets, uids: np.ndarray, context: str):
         source[users] = index
         row[users] = np.arange(len(users))  # later rows overwrite: the latest wins
         chosen[index] = split
-    missing = uids[source[uids] < 0]
+    return source, row, chosen
+
+
+def users_without_rows(split_datasets, uids: np.ndarray, context: str) -> np.ndarray:
+    """The users of ``uids`` that no split row holds for ``context``: under ``next``
+    those with a single interaction (a row needs one item before its target), under
+    ``test`` also those too short for a test row."""
+    source, _, _ = _latest_rows(split_datasets, context)
+    return uids[source[uids] < 0]
+
+
+def single_item_histories(config, uids: np.ndarray, fields) -> dict[int, dict[str, np.ndarray]]:
+    """For users whom no split row holds (a single interaction): their interactions in
+    time order, ``{user id: {field: values}}`` for ``fields`` (the item and time fields
+    the model reads), read from the dataset before RecBole turns it into prefix rows.
+    Users without any interaction are left out."""
+    if not len(uids):
+        return {}
+    from recbole_freq.compat import create_dataset_from_atomic_files
+
+    frame = create_dataset_from_atomic_files(config).inter_feat
+    frame = frame[frame[config["USER_ID_FIELD"]].isin(uids)]
+    if config["TIME_FIELD"] in frame.columns:
+        frame = frame.sort_values(config["TIME_FIELD"], kind="stable")
+    return {
+        int(user): {field: rows[field].to_numpy() for field in fields}
+        for user, rows in frame.groupby(config["USER_ID_FIELD"], sort=False)
+    }
+
+
+def user_inputs(model, split_datasets, uids: np.ndarray, context: str, histories=None):
+    """``(item_seq, item_seq_len, extra)`` the model reads for each user of ``uids``;
+    ``extra`` holds the other list fields its encoder reads (TiSASRec's timestamps), by
+    list-field name.
+
+    Rows are taken from the splits in time order (train, valid, test): the last row of
+    a user is their latest prefix and target.  ``next`` appends that target to the prefix
+    (dropping the oldest item when the sequence is full); ``test`` uses the test row.
+    ``histories`` (``single_item_histories``) gives ``next`` the sequence of a user no
+    row holds.
+    """
+    uid_field = split_datasets[0].uid_field
+    max_len = model.max_seq_length
+    source, row, chosen = _latest_rows(split_datasets, context)
+    from_histories = (source[uids] < 0) & np.isin(uids, list(histories or {}))
+    if context == "test":
+        from_histories[:] = False
+    missing = uids[(source[uids] < 0) & ~from_histories]
     if len(missing):
         dataset = split_datasets[0]
         tokens = dataset.id2token(uid_field, missing[:20])
@@ -216,12 +256,24 @@ def user_inputs(model, split_datasets, uids: np.ndarray, context: str):
         if context == "next":
             lengths = torch.where(full, lengths, lengths + 1)
         item_seq_len[torch.from_numpy(where)] = lengths
+    for position in np.flatnonzero(from_histories):
+        history = histories[int(uids[position])]
+        for list_field, target_field in fields.items():
+            values = torch.as_tensor(history[target_field][-max_len:])
+            if list_field not in sequences:
+                dtype = torch.long if list_field == model.ITEM_SEQ else torch.float64
+                sequences[list_field] = torch.zeros((len(uids), max_len), dtype=dtype)
+            sequences[list_field][position, : len(values)] = values
+            item_seq_len[position] = len(values)
     item_seq = sequences.pop(model.ITEM_SEQ, torch.zeros(len(uids), max_len, dtype=torch.long))
     return item_seq, item_seq_len, sequences
 
 
-def user_history(split_datasets, uids: np.ndarray, context: str, iid_field, list_field):
-    """``(positions, items)``: every item of each user's history (index into ``uids``)."""
+def user_history(
+    split_datasets, uids: np.ndarray, context: str, iid_field, list_field, histories=None
+):
+    """``(positions, items)``: every item of each user's history (index into ``uids``),
+    ``histories`` (``single_item_histories``) included under ``next``."""
     uid_field = split_datasets[0].uid_field
     position = np.full(split_datasets[0].user_num, -1)
     position[uids] = np.arange(len(uids))
@@ -239,6 +291,12 @@ def user_history(split_datasets, uids: np.ndarray, context: str, iid_field, list
         if with_target:
             parts_pos.append(pos)
             parts_item.append(split.inter_feat[iid_field][torch.from_numpy(keep)].numpy())
+    if context == "next":
+        for user, history in (histories or {}).items():
+            if position[user] >= 0:
+                items = np.asarray(history[iid_field])
+                parts_pos.append(np.full(len(items), position[user]))
+                parts_item.append(items)
     if not parts_pos:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     pairs = np.unique(np.stack([np.concatenate(parts_pos), np.concatenate(parts_item)]), axis=1)
@@ -255,9 +313,11 @@ def recommend(
     exclude_history: bool = True,
     batch_size: int = 512,
     progress: bool = False,
+    histories=None,
 ):
     """Top-``k`` internal item ids and scores per user (``(len(uids), k)`` each, rows with
-    fewer candidates padded with id 0 and score -inf), batched over users."""
+    fewer candidates padded with id 0 and score -inf), batched over users; ``histories``:
+    ``single_item_histories`` of the users no split row holds."""
     if context not in CONTEXTS:
         raise ValueError(f"context={context!r} is unknown; choose from {list(CONTEXTS)}")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -267,10 +327,10 @@ def recommend(
     dataset = split_datasets[0]
     n_items = dataset.item_num
     k = min(k, n_items)
-    item_seq, item_seq_len, extra = user_inputs(model, split_datasets, uids, context)
+    item_seq, item_seq_len, extra = user_inputs(model, split_datasets, uids, context, histories)
     if exclude_history:
         hist_pos, hist_item = user_history(
-            split_datasets, uids, context, model.ITEM_ID, model.ITEM_SEQ
+            split_datasets, uids, context, model.ITEM_ID, model.ITEM_SEQ, histories
         )
         order = np.argsort(hist_pos, kind="stable")
         hist_pos, hist_item = hist_pos[order], hist_item[order]

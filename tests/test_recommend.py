@@ -326,3 +326,59 @@ def test_unknown_users_read_from_a_file_are_counted_not_quoted(trained, tmp_path
     assert err.startswith("error: all 2 user token(s)")
     assert "secret-hash" not in err and "alice" not in err
     assert f"the lines of {secret} are not quoted" in err
+
+
+@pytest.fixture(scope="module")
+def with_single_interaction_user(tmp_path_factory):
+    """``short`` (the tiny data plus user 900 with one interaction) and a SASRec on it."""
+    work = tmp_path_factory.mktemp("short")
+    (work / "short").mkdir()
+    lines = ["user_id:token\titem_id:token\ttimestamp:float"]
+    for user in range(1, 31):
+        for step in range(6):
+            lines.append(f"{user}\t{(user + step * 3) % 20 + 1}\t{len(lines)}")
+    lines.append(f"900\t7\t{len(lines)}")
+    (work / "short" / "short.inter").write_text("\n".join(lines) + "\n")
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        summary = run(
+            "SASRec",
+            "short",
+            config_dict=dict(
+                SMALL_MODEL, epochs=1, data_path=str(work), checkpoint_dir=str(work / "saved")
+            ),
+        )
+    finally:
+        os.chdir(cwd)
+    return summary["checkpoint"]
+
+
+def test_all_users_reads_a_single_interaction_as_a_history(with_single_interaction_user, capsys):
+    """One item is a history: user 900 gets recommendations read from it (that item not
+    among them); under --context test, where no test row exists, the user is skipped
+    and named in one line."""
+    checkpoint = with_single_interaction_user
+    assert main(["--recommend", checkpoint, "--all_users", "--topk=3"]) == 0
+    captured = capsys.readouterr()
+    rows = list(csv.DictReader(io.StringIO(captured.out)))
+    assert {row["user"] for row in rows} == {str(u) for u in range(1, 31)} | {"900"}
+    single = [row["item"] for row in rows if row["user"] == "900"]
+    assert len(single) == 3 and "7" not in single
+    assert "skipped" not in captured.err
+
+    model, config, dataset, loaders, _ = restore_model(checkpoint)
+    splits = [loader._dataset for loader in loaders]
+    from recbole_freq.recommend import single_item_histories, user_inputs, users_without_rows
+
+    uid = user_ids(dataset, ["900"])
+    assert users_without_rows(splits, uid, "next").tolist() == uid.tolist()
+    histories = single_item_histories(config, uid, [model.ITEM_ID])
+    item_seq, lengths, _ = user_inputs(model, splits, uid, "next", histories)
+    assert lengths.tolist() == [1] and item_seq[0, 0] == dataset.token2id(dataset.iid_field, "7")
+
+    assert main(["--recommend", checkpoint, "--all_users", "--context", "test"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("skipped") == 1
+    assert "skipped 1 user(s) with no test row (too few interactions): 900" in captured.err
+    assert "900" not in {row["user"] for row in csv.DictReader(io.StringIO(captured.out))}

@@ -7,6 +7,8 @@ import argparse
 import os
 import sys
 
+import numpy as np
+
 from recbole_freq.checkpoint import (
     CheckpointError,
     UntrustedCheckpointError,
@@ -24,7 +26,9 @@ from recbole_freq.recommend import (
     load_raw_ids,
     parse_user_tokens,
     recommend,
+    single_item_histories,
     user_ids,
+    users_without_rows,
 )
 
 
@@ -66,6 +70,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _users_to_read(model, config, splits, tokens, uids, args):
+    """``(tokens, uids, histories)``: a user whom no split row holds (a single
+    interaction) is read from that interaction under ``next``; with ``--all_users`` the
+    users with nothing to read (no interaction, or under ``test`` no test row) are left
+    out and named in one line."""
+    missing = users_without_rows(splits, uids, args.context)
+    histories = {}
+    if args.context == "next" and len(missing):
+        fields = [model.ITEM_ID]
+        if getattr(model, "TIME_SEQ", None):
+            fields.append(model.INTERVAL_TIME_FIELD)
+        histories = single_item_histories(config, missing, fields)
+    unread = missing[~np.isin(missing, list(histories))]
+    if args.all_users and len(unread):
+        keep = ~np.isin(uids, unread)
+        skipped = [token for token, kept in zip(tokens, keep) if not kept]
+        shown = ", ".join(skipped[:20]) + (
+            f" and {len(skipped) - 20} more" if len(skipped) > 20 else ""
+        )
+        reason = (
+            "no interaction" if args.context == "next" else "no test row (too few interactions)"
+        )
+        print(f"skipped {len(skipped)} user(s) with {reason}: {shown}", file=sys.stderr)
+        tokens = [token for token, kept in zip(tokens, keep) if kept]
+        uids = uids[keep]
+    return tokens, uids, histories
+
+
 def cli(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     fmt = args.format or ("json" if (args.output or "").endswith(".json") else "csv")
@@ -86,6 +118,7 @@ def cli(argv: list[str]) -> int:
             from_file = args.users if os.path.isfile(args.users) else None
             tokens = known_users(dataset, parse_user_tokens(args.users), raw_ids, from_file)
         uids = user_ids(dataset, tokens)
+        tokens, uids, histories = _users_to_read(model, config, splits, tokens, uids, args)
         items, scores = recommend(
             model,
             splits,
@@ -95,6 +128,7 @@ def cli(argv: list[str]) -> int:
             not args.keep_history,
             args.batch_size,
             progress=True,
+            histories=histories,
         )
         text = format_recommendations(dataset, tokens, items, scores, fmt, raw_ids)
     except (*EXPECTED_ERRORS, CheckpointError, UntrustedCheckpointError) as error:
