@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -366,6 +367,13 @@ def parse_device(value, where: str = "--device"):
     return device
 
 
+def _stderr_is_a_terminal() -> bool:
+    try:
+        return sys.stderr is not None and sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed streams
+        return False
+
+
 class FreqConfig(Config):
     """``recbole.config.Config`` plus the plugin's models and property files."""
 
@@ -530,6 +538,10 @@ class FreqConfig(Config):
                 str(given["data_path"][1]), self.dataset
             )
         self._load_real_times(given)
+        if "show_progress" not in given:
+            # Progress bars redraw a terminal line; in a log file or a pipe each redraw is
+            # a line of its own (hundreds per epoch).
+            self.final_config_dict["show_progress"] = _stderr_is_a_terminal()
         if "device" in given:
             # RecBole derives the device from gpu_id alone and drops a given one.
             where, value = given["device"]

@@ -262,3 +262,34 @@ def test_built_in_property_files_are_named_without_a_path(tmp_path):
 def test_a_run_takes_a_built_in_config_file_by_name(small_config):
     summary = run("SASRec", "tiny", config_files=["protocol/uni100"], config_dict=small_config)
     assert summary["protocol"]["label"].startswith("uni100"), summary["protocol"]
+
+
+def test_progress_bars_show_on_a_terminal_only_unless_asked(small_config, monkeypatch):
+    """In a log or a pipe every bar redraw is a line; show_progress given wins."""
+    from recbole_freq.config import FreqConfig
+
+    settings = {k: v for k, v in small_config.items() if k != "show_progress"}
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    assert FreqConfig("SASRec", "tiny", cmd_overrides=settings)["show_progress"] is False
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    assert FreqConfig("SASRec", "tiny", cmd_overrides=settings)["show_progress"] is True
+    given = dict(settings, show_progress=False)
+    assert FreqConfig("SASRec", "tiny", cmd_overrides=given)["show_progress"] is False
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    given = dict(settings, show_progress=True)
+    assert FreqConfig("SASRec", "tiny", cmd_overrides=given)["show_progress"] is True
+
+
+def test_a_run_into_a_pipe_prints_no_progress_bars(tmp_path, tiny_data):
+    """The README's job with its output piped (as in CI or a log file): no bar lines."""
+    import subprocess
+
+    script = Path(__file__).resolve().parent.parent / "run_recbole_freq.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--model=SASRec", "--dataset=tiny",
+         f"--data_path={tiny_data}", "--epochs=1", "--hidden_size=8", "--n_layers=1",
+         "--n_heads=1", "--inner_size=8", f"--checkpoint_dir={tmp_path / 'saved'}"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Train     0:" not in done.stderr + done.stdout and "it/s]" not in done.stderr
