@@ -27,6 +27,19 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
+def test_building_from_the_checkout_leaves_only_what_readme_names_and_git_ignores(wheel):
+    """README: pip builds inside the checkout, leaving build/ and recbole_freq.egg-info/,
+    which git ignores."""
+    if not (REPO_ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    assert (REPO_ROOT / "build").is_dir() and (REPO_ROOT / "recbole_freq.egg-info").is_dir()
+    ignored = subprocess.run(
+        ["git", "check-ignore", "build", "recbole_freq.egg-info"],
+        capture_output=True, text=True, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert ignored.returncode == 0 and ignored.stdout.split() == ["build", "recbole_freq.egg-info"]
+
+
 def test_wheel_install_finds_property_files(tmp_path, wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for expected in (

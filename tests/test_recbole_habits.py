@@ -293,3 +293,30 @@ def test_a_run_into_a_pipe_prints_no_progress_bars(tmp_path, tiny_data):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "Train     0:" not in done.stderr + done.stdout and "it/s]" not in done.stderr
+
+
+def test_recboles_load_data_and_model_needs_the_plugin_imported_as_readme_says(tmp_path, tiny_data):
+    """README: a plain RecBole script cannot read the plugin's checkpoints (KeyError:
+    'seed'); the same script with ``import recbole_freq`` first reloads the model."""
+    summary = run(
+        "SASRec",
+        "tiny",
+        config_dict={"data_path": str(tiny_data), "epochs": 1, "hidden_size": 8, "n_layers": 1,
+                     "n_heads": 1, "inner_size": 8, "checkpoint_dir": str(tmp_path / "saved")},
+    )  # fmt: skip
+    script = (
+        "from recbole.quick_start import load_data_and_model\n"
+        f"config, model, *_ = load_data_and_model({summary['checkpoint']!r})\n"
+        "print(type(model).__name__)\n"
+    )
+
+    def in_a_fresh_process(code):
+        return subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path
+        )
+
+    plain = in_a_fresh_process(script)
+    assert plain.returncode != 0 and "KeyError: 'seed'" in plain.stderr
+    imported = in_a_fresh_process("import recbole_freq\n" + script)
+    assert imported.returncode == 0, imported.stderr
+    assert imported.stdout.strip().splitlines()[-1] == "SASRec"
