@@ -13,6 +13,10 @@ import os
 import shlex
 import sys
 
+# What a command naming no model or dataset runs (the README's default job).
+DEFAULT_MODEL = "BSARec"
+DEFAULT_DATASET = "ml-100k"
+
 SCRIPT = "run_recbole_freq.py"
 MODULE_COMMAND = "python -m recbole_freq"
 

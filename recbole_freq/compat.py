@@ -173,7 +173,14 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
     ``test_tisasrec.test_real_times_reach_tisasrec_to_the_second``.
 
 ``apply()`` is idempotent and runs when ``recbole_freq`` is imported, after
-``require_recbole()``.
+``require_recbole()``.  It imports no RecBole module: each fix is installed by
+``when_imported`` on the module it repairs, right after that module's first import (or
+at once for a module a program imported before the plugin), so that importing the
+plugin, and ``--help``, load neither torch nor RecBole (applying the fixes by importing
+their modules took 2 s of every start-up, scikit-learn included, and ``--help`` up to
+8 s).  Tests: ``test_cli.test_help_answers_without_loading_torch_or_recbole``,
+``test_importing_the_plugin_is_light_and_its_names_load_on_use``,
+``test_recbole_modules_imported_before_the_plugin_are_patched_at_its_import``.
 """
 
 from __future__ import annotations
@@ -258,12 +265,16 @@ def _restore_numpy_aliases() -> None:
 
 
 def _require_pandas_below_3() -> None:
-    import pandas as pd
+    import importlib.metadata
 
-    major = int(pd.__version__.split(".")[0])
+    try:  # the installed version: importing pandas here would cost every start-up
+        version = importlib.metadata.version("pandas")
+    except importlib.metadata.PackageNotFoundError:
+        return  # RecBole's own import then names what is missing
+    major = int(version.split(".")[0])
     if major >= 3:
         raise ImportError(
-            f"recbole-freq needs pandas < 3 (found {pd.__version__}): RecBole 1.2.1 "
+            f"recbole-freq needs pandas < 3 (found {version}): RecBole 1.2.1 "
             "silently fills no missing values under pandas 3's copy-on-write and fails "
             "to remap ids. Install a supported version: pip install 'pandas>=2.2,<3'"
         )
@@ -362,22 +373,28 @@ class _LoaderThenPatch(importlib.abc.Loader):
         return self.loader.create_module(spec)
 
     def exec_module(self, module):
+        for before in _BEFORE_IMPORT.get(self.name, ()):
+            before(self.name)
         self.loader.exec_module(module)
         for patch in _AFTER_IMPORT.get(self.name, ()):
             patch(module)
 
 
-# Module name -> patches to run once it is imported (fix 12).
+# Module name -> patches to run once it is imported (fix 12), and what to run just before.
 _AFTER_IMPORT: dict[str, list] = {}
+_BEFORE_IMPORT: dict[str, list] = {}
 
 
-def when_imported(name: str, patch) -> None:
+def when_imported(name: str, patch, before=None) -> None:
     """Run ``patch(module)`` on module ``name``: now if it is imported, else right after
-    its first import, so that patching a module never imports it (fix 12)."""
+    its first import, so that patching a module never imports it (fix 12);
+    ``before(name)`` runs just before that import executes the module."""
     if name in sys.modules:
         patch(sys.modules[name])
         return
     _AFTER_IMPORT.setdefault(name, []).append(patch)
+    if before is not None:
+        _BEFORE_IMPORT.setdefault(name, []).append(before)
     if not any(isinstance(finder, _PatchAfterImport) for finder in sys.meta_path):
         sys.meta_path.insert(0, _PatchAfterImport())
 
@@ -412,8 +429,10 @@ def _patch_recbole_quick_start(quick_start) -> None:
 
 
 def _patch_recbole_checkpoint_loading() -> None:
-    import recbole.trainer.trainer as trainer_module
+    when_imported("recbole.trainer.trainer", _patch_trainer_checkpoints)
 
+
+def _patch_trainer_checkpoints(trainer_module) -> None:
     trainer_module.torch = _torch_with_safe_files()
     Trainer = trainer_module.Trainer
 
@@ -442,12 +461,19 @@ def _patch_recbole_checkpoint_loading() -> None:
 
 
 def _contain_sine_anomaly_detection() -> None:
-    import torch
+    import_state = {}
 
-    enabled = torch.is_anomaly_enabled()
-    import recbole.model.sequential_recommender  # noqa: F401  (runs sine.py once)
+    def before(_name):
+        import torch
 
-    torch.autograd.set_detect_anomaly(enabled)
+        import_state["enabled"] = torch.is_anomaly_enabled()
+
+    def after(_module):
+        import torch
+
+        torch.autograd.set_detect_anomaly(import_state.get("enabled", False))
+
+    when_imported("recbole.model.sequential_recommender.sine", after, before=before)
 
 
 def ensure_dir_race_free(dir_path: str) -> None:
@@ -456,7 +482,9 @@ def ensure_dir_race_free(dir_path: str) -> None:
 
 
 def _make_ensure_dir_race_free() -> None:
-    import importlib
+    def patch(module):
+        if hasattr(module, "ensure_dir"):
+            module.ensure_dir = ensure_dir_race_free
 
     for name in (
         "recbole.utils.utils",
@@ -466,9 +494,7 @@ def _make_ensure_dir_race_free() -> None:
         "recbole.data.dataset.dataset",
         "recbole.data.utils",
     ):
-        module = importlib.import_module(name)
-        if hasattr(module, "ensure_dir"):
-            module.ensure_dir = ensure_dir_race_free
+        when_imported(name, patch)
 
 
 # Marks the root-logger handlers that a run's ``init_logger`` installed (fix 7).
@@ -510,17 +536,23 @@ def current_log_file() -> str | None:
 
 
 def _give_each_run_its_own_log() -> None:
+    when_imported("recbole.utils.logger", _patch_logger)
+    when_imported("recbole.utils", _patch_logger_export)
+
+
+def _patch_logger_export(utils) -> None:
+    # The package's name for it, bound when recbole.utils imported its logger module
+    # (whose own hook has replaced it by then).
+    utils.init_logger = sys.modules["recbole.utils.logger"].init_logger
+
+
+def _patch_logger(logger_module) -> None:
     import secrets
 
-    import recbole.utils
-    import recbole.utils.logger
-
-    replacement = _init_logger_per_run(recbole.utils.logger.init_logger)
-    for module in (recbole.utils.logger, recbole.utils):
-        module.init_logger = replacement
-    local_time = recbole.utils.logger.get_local_time
+    logger_module.init_logger = _init_logger_per_run(logger_module.init_logger)
+    local_time = logger_module.get_local_time
     # Only the logger's copy: the log (and TensorBoard) names, nothing else.
-    recbole.utils.logger.get_local_time = lambda: f"{local_time()}-{secrets.token_hex(3)}"
+    logger_module.get_local_time = lambda: f"{local_time()}-{secrets.token_hex(3)}"
 
 
 class PickledCacheRefused(ValueError):
@@ -587,10 +619,10 @@ def _warn_dataloaders_not_saved(config, dataloaders=None):
 
 
 def _never_read_pickled_caches() -> None:
-    import sys
+    when_imported("recbole.data.utils", _patch_data_utils)
 
-    import recbole.data.utils as data_utils
 
+def _patch_data_utils(data_utils) -> None:
     replacements = {
         "create_dataset": create_dataset_from_atomic_files,
         "load_split_dataloaders": _no_pickled_dataloaders,
@@ -605,9 +637,13 @@ def _never_read_pickled_caches() -> None:
 
 
 def _keep_real_times_in_float64() -> None:
-    import torch
-    from recbole.data.dataset import Dataset
+    when_imported("recbole.data.dataset.dataset", _patch_dataframe_to_interaction)
 
+
+def _patch_dataframe_to_interaction(dataset_module) -> None:
+    import torch
+
+    Dataset = dataset_module.Dataset
     original = Dataset._dataframe_to_interaction
 
     @functools.wraps(original)
@@ -623,8 +659,11 @@ def _keep_real_times_in_float64() -> None:
 
 
 def _never_download_datasets() -> None:
-    from recbole.data.dataset import Dataset
+    when_imported("recbole.data.dataset.dataset", _patch_download)
 
+
+def _patch_download(dataset_module) -> None:
+    Dataset = dataset_module.Dataset
     recboles_download = Dataset._download
 
     def _download(dataset):
@@ -640,7 +679,11 @@ def _never_download_datasets() -> None:
 
 
 def _collector_moves_only_tensors() -> None:
-    from recbole.evaluator.collector import Collector
+    when_imported("recbole.evaluator.collector", _patch_collector)
+
+
+def _patch_collector(collector_module) -> None:
+    Collector = collector_module.Collector
 
     def get_data_struct(self):
         # RecBole's, but its counts (ints, e.g. the item count for ItemCoverage) stay as
@@ -659,9 +702,10 @@ def _collector_moves_only_tensors() -> None:
 
 
 def _grad_scaler_of_torch_amp() -> None:
-    import functools
+    when_imported("recbole.trainer.trainer", _patch_grad_scaler)
 
-    import recbole.trainer.trainer as trainer_module
+
+def _patch_grad_scaler(trainer_module) -> None:
     import torch
 
     trainer_module.amp = types.SimpleNamespace(
@@ -727,10 +771,16 @@ def _init_device_without_cuda(original):
 
 
 def _data_parallel_without_cuda() -> None:
-    import recbole.trainer.trainer as trainer_module
-    from recbole.config import Config
+    when_imported("recbole.config.configurator", _patch_init_device)
+    when_imported("recbole.trainer.trainer", _patch_trainer_data_parallel)
 
+
+def _patch_init_device(configurator) -> None:
+    Config = configurator.Config
     Config._init_device = _init_device_without_cuda(Config._init_device)
+
+
+def _patch_trainer_data_parallel(trainer_module) -> None:
     original_init = trainer_module.AbstractTrainer.__init__
 
     def __init__(self, config, model):
@@ -767,8 +817,10 @@ class _NoTensorBoard:
 
 
 def _open_tensorboard_late_and_close_it_after_fit() -> None:
-    import recbole.trainer.trainer as trainer_module
+    when_imported("recbole.trainer.trainer", _patch_tensorboard)
 
+
+def _patch_tensorboard(trainer_module) -> None:
     original_fit = trainer_module.Trainer.fit
     if hasattr(original_fit, "__wrapped__"):
         return
@@ -848,11 +900,18 @@ def _module_class_by_name(module):
 
 
 def _read_settings_as_literals() -> None:
-    from recbole.config import Config
+    when_imported("recbole.config.configurator", _patch_convert_config_dict)
+    _read_settings_of_hyper_tuning_and_kd_dagfm()
 
+
+def _patch_convert_config_dict(configurator) -> None:
+    Config = configurator.Config
     if getattr(Config._convert_config_dict, "__wrapped__", None) is None:
         _convert_config_dict.__wrapped__ = Config._convert_config_dict
         Config._convert_config_dict = _convert_config_dict
+
+
+def _read_settings_of_hyper_tuning_and_kd_dagfm() -> None:
     # Module globals shadow the builtin: each module's eval reads literals or class names.
     when_imported(
         "recbole.trainer.hyper_tuning", lambda module: setattr(module, "eval", literal_setting)

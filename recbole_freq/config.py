@@ -20,25 +20,23 @@ from __future__ import annotations
 import os
 import re
 import sys
-from importlib import resources
 from pathlib import Path
 
 import yaml
 from recbole.config import Config
 from recbole.utils import ModelType
 
-from recbole_freq.command import invoked_command
 from recbole_freq.model import MODELS
+from recbole_freq.property_files import (  # noqa: F401  (their names here before)
+    builtin_files,
+    find_config_file,
+    properties_dir,
+)
 from recbole_freq.protocol import DEFAULT_PROTOCOL, protocol_file
 
 
 class UnknownModelError(ValueError):
     pass
-
-
-def properties_dir() -> Path:
-    """The installed property files (``properties/`` of the source tree)."""
-    return Path(str(resources.files("recbole_freq.properties")))
 
 
 RECBOLE_MODEL_PACKAGES = (
@@ -263,41 +261,6 @@ def read_config_file(path) -> dict:
             "(write one `key: value` per line)"
         )
     return loaded
-
-
-def builtin_files(suffix: str = ".yaml") -> list[str]:
-    """The plugin's property files with ``suffix`` as they can be named on the command
-    line: relative to ``properties/``, without the suffix (``protocol/uni100``)."""
-    root = properties_dir()
-    return sorted(
-        path.relative_to(root).with_suffix("").as_posix()
-        for path in root.rglob(f"*{suffix}")
-        if path.is_file()
-    )
-
-
-def find_config_file(name, suffix: str = ".yaml", what: str = "config file") -> Path:
-    """The file ``name`` means: the user's file of that path if there is one, else the
-    plugin's property file of that name (``protocol/uni100``, ``protocol/uni100.yaml`` or
-    ``properties/protocol/uni100.yaml``, so that the README's paths also work for an
-    installed copy); ``FileNotFoundError`` naming the built-in files otherwise."""
-    path = Path(name)
-    if path.is_file():
-        return path
-    relative = path.as_posix().removeprefix("properties/")
-    if not relative.endswith(suffix):
-        relative += suffix
-    builtin = properties_dir() / relative
-    if not path.is_absolute() and builtin.is_file():
-        return builtin
-    import difflib
-
-    close = difflib.get_close_matches(relative.removesuffix(suffix), builtin_files(suffix), n=3)
-    hint = f"closest: {', '.join(close)}; " if close else ""
-    raise FileNotFoundError(
-        f"{what} {str(name)!r} does not exist, and no built-in file has that name ({hint}"
-        f"{invoked_command()} --help lists them)"
-    )
 
 
 def check_api_arguments(model, dataset, config_files, config_dict, cmd_overrides) -> None:

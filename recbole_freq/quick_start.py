@@ -25,7 +25,7 @@ from recbole.data.utils import create_samplers, get_dataloader
 from recbole.utils import ModelType, dict2str, get_flops, init_logger, init_seed, set_color
 
 from recbole_freq.checkpoint import weights_fingerprint
-from recbole_freq.command import invoked_command
+from recbole_freq.command import DEFAULT_DATASET, DEFAULT_MODEL, invoked_command
 from recbole_freq.compat import current_log_file, saved_state
 from recbole_freq.config import FreqConfig, get_model_class
 from recbole_freq.data import check_prepared, dataset_fingerprint, inter_files
@@ -58,9 +58,8 @@ from recbole_freq.resume import (
     save_resume_state,
     settings_differences,
 )
+from recbole_freq.signals import RunInterrupted  # noqa: F401  (its name here before)
 
-DEFAULT_MODEL = "BSARec"
-DEFAULT_DATASET = "ml-100k"
 REPORTED_METRICS = [f"{name}@{k}" for k in (5, 10, 20) for name in ("hit", "ndcg")]
 
 
@@ -329,10 +328,6 @@ def run_config(
     if saved and not parallel and resume_file.exists():
         resume_file.unlink()
     return summary
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C, with what was kept and how to continue (the message)."""
 
 
 def _interrupted_training(recorder, resume_file) -> str:

@@ -51,7 +51,7 @@ def _recbole_root() -> Path:
 
 
 def _plugin_properties() -> Path:
-    from recbole_freq.config import properties_dir
+    from recbole_freq.property_files import properties_dir
 
     return properties_dir()
 

@@ -5,6 +5,11 @@ and by a search, whose Ray driver would otherwise abort with a C stack dump."""
 
 from __future__ import annotations
 
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C, with what was kept and how to continue (the message)."""
+
+
 # Set when SIGTERM arrived: the interrupt it raised ends with 143, not Ctrl-C's 130.
 _terminated = False
 

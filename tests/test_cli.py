@@ -265,3 +265,60 @@ def test_the_installed_script_names_itself_in_usage_and_hints(tmp_path):
         timeout=120,
     )
     assert done.returncode == 2 and "recbole-freq --help lists them" in done.stderr
+
+
+def _modules_loaded_by(code: str) -> set[str]:
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", code + "\nimport json, sys; print(json.dumps(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return set(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+HEAVY = ("torch", "sklearn", "recbole.config", "recbole.trainer", "pandas", "ray")
+
+
+def test_help_answers_without_loading_torch_or_recbole():
+    """--help is read before anything heavy loads (it took 8 s when every import ran)."""
+    loaded = _modules_loaded_by(
+        "import sys, contextlib, io\n"
+        "sys.argv = ['run_recbole_freq.py', '--help']\n"
+        "from recbole_freq.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n        main()\n    except SystemExit:\n        pass\n"
+    )
+    assert not [name for name in HEAVY if name in loaded]
+
+
+def test_importing_the_plugin_is_light_and_its_names_load_on_use():
+    loaded = _modules_loaded_by("import recbole_freq")
+    assert not [name for name in HEAVY if name in loaded]
+    loaded = _modules_loaded_by(
+        "from recbole_freq import FreqConfig, MODELS, get_model_class\n"
+        "assert 'BSARec' in MODELS and get_model_class('BSARec').__name__ == 'BSARec'\n"
+        "assert FreqConfig.__name__ == 'FreqConfig'\n"
+    )
+    assert "torch" in loaded and "recbole.config" in loaded
+
+
+def test_recbole_modules_imported_before_the_plugin_are_patched_at_its_import():
+    """The fixes are applied when a RecBole module is first imported, or at once for one
+    that a program imported before the plugin."""
+    code = (
+        "import recbole.trainer.trainer as t\n"
+        "import recbole.utils as u\n"
+        "assert t.torch.__name__ == 'torch'\n"
+        "import recbole_freq\n"
+        "assert t.torch.__name__ == 'torch_with_safe_checkpoint_files'\n"
+        "assert hasattr(u.init_logger, '__wrapped__')\n"
+        "from recbole.data.dataset import Dataset\n"
+        "assert hasattr(Dataset._download, '__wrapped__')\n"
+    )
+    _modules_loaded_by(code)

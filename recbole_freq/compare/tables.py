@@ -391,7 +391,7 @@ def published_figures(dataset: str, labels) -> list[dict]:
     ``labels``: ``[{"name", "source", "rows": {model: {metric: value}}}]`` (a paper's table,
     the authors' code run here), or none when the runs' protocol (model pieces aside) is
     not the one the figures were made under.  Read with ``yaml.safe_load``: plain data."""
-    from recbole_freq.config import properties_dir
+    from recbole_freq.property_files import properties_dir
 
     protocols = {comparable_label(label) for label in labels}
     path = properties_dir() / "reference" / f"{dataset}.yaml"
@@ -514,8 +514,8 @@ def builtin_settings_note(records: dict, entries, seeds) -> str:
     import recbole
     import yaml
 
-    from recbole_freq.config import properties_dir
     from recbole_freq.model import MODELS
+    from recbole_freq.property_files import properties_dir
 
     notes = []
     for entry in entries:

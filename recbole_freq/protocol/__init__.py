@@ -101,7 +101,7 @@ class ProtocolError(ValueError):
 
 
 def protocol_dir() -> Path:
-    from recbole_freq.config import properties_dir
+    from recbole_freq.property_files import properties_dir
 
     return properties_dir() / "protocol"
 

@@ -161,7 +161,7 @@ def parse_hyper_lines(lines, source: str = "<hyper>") -> dict[str, HyperParam]:
 def parse_hyper_file(path) -> dict[str, HyperParam]:
     """The search space of a hyper file (the user's path, or a built-in name such as
     ``hyper/BSARec``); see :func:`parse_hyper_lines`."""
-    from recbole_freq.config import find_config_file
+    from recbole_freq.property_files import find_config_file
 
     path = find_config_file(path, suffix=".hyper", what="hyper file")
     space = parse_hyper_lines(path.read_text().splitlines(), source=str(path))
