@@ -393,6 +393,8 @@ def test_two_trial_search_writes_ranked_trials_and_a_trainable_best_yaml(
     assert "| 2 | " in (experiment / "trials.md").read_text()
     # Every search result says its protocol.
     assert "# protocol: recbole (docs/protocols.md)" in text
+    # From the API (no command ran) the hint names the command that always works.
+    assert "# train it: python -m recbole_freq --model=BSARec " in text
     assert rows[0]["protocol"] == "recbole"
     assert "Protocol: recbole" in (experiment / "trials.md").read_text()
 
