@@ -60,8 +60,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from recbole_freq.command import DEFAULT_MAX_SEQUENCES
+
 MIN_SPECTRAL_LENGTH = 4
-DEFAULT_MAX_SEQUENCES = 512
 
 
 # --- measurements --------------------------------------------------------------------

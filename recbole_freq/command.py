@@ -13,9 +13,16 @@ import os
 import shlex
 import sys
 
-# What a command naming no model or dataset runs (the README's default job).
+# What a command naming no model or dataset runs (the README's default job), and the
+# defaults and choices the jobs' parsers offer: kept here, where importing them loads
+# nothing heavy, so that every --help answers at once.
 DEFAULT_MODEL = "BSARec"
 DEFAULT_DATASET = "ml-100k"
+DEFAULT_SEEDS = (2024, 2025, 2026)  # --compare
+SEARCHES = ("grid", "random", "optuna", "hyperopt")  # --hyper_file --search
+DEFAULT_MAX_SEQUENCES = 512  # --analyze: test sequences analysed per checkpoint
+RECOMMEND_CONTEXTS = ("next", "test")  # --recommend --context
+RECOMMEND_FORMATS = ("csv", "json")  # --recommend --format
 
 SCRIPT = "run_recbole_freq.py"
 MODULE_COMMAND = "python -m recbole_freq"

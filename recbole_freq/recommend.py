@@ -37,8 +37,10 @@ import numpy as np
 import torch
 from recbole.data.interaction import Interaction
 
-CONTEXTS = ("next", "test")
-FORMATS = ("csv", "json")
+from recbole_freq.command import RECOMMEND_CONTEXTS, RECOMMEND_FORMATS
+
+CONTEXTS = RECOMMEND_CONTEXTS
+FORMATS = RECOMMEND_FORMATS
 
 
 class UnknownUserError(ValueError):

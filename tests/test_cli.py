@@ -285,16 +285,22 @@ def _modules_loaded_by(code: str) -> set[str]:
 HEAVY = ("torch", "sklearn", "recbole.config", "recbole.trainer", "pandas", "ray")
 
 
-def test_help_answers_without_loading_torch_or_recbole():
-    """--help is read before anything heavy loads (it took 8 s when every import ran)."""
+@pytest.mark.parametrize(
+    "job", [[], ["--compare"], ["--hyper_file"], ["--analyze"], ["--recommend"], ["--evaluate"]]
+)
+def test_help_answers_without_loading_torch_or_recbole(job):
+    """Every --help is read before anything heavy loads (it took 8 s when every import
+    ran)."""
     loaded = _modules_loaded_by(
         "import sys, contextlib, io\n"
-        "sys.argv = ['run_recbole_freq.py', '--help']\n"
+        f"sys.argv = ['run_recbole_freq.py', *{job!r}, '--help']\n"
         "from recbole_freq.cli import main\n"
-        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
         "    try:\n        main()\n    except SystemExit:\n        pass\n"
+        "assert out.getvalue().startswith('usage: '), out.getvalue()\n"
     )
-    assert not [name for name in HEAVY if name in loaded]
+    assert not [name for name in (*HEAVY, "matplotlib") if name in loaded]
 
 
 def test_importing_the_plugin_is_light_and_its_names_load_on_use():

@@ -8,15 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from recbole_freq.analysis import (
-    DEFAULT_MAX_SEQUENCES,
-    analyse_checkpoint,
-    label_results,
-)
-from recbole_freq.analysis_figures import write_figures
-from recbole_freq.checkpoint import CheckpointError, UntrustedCheckpointError
 from recbole_freq.cli.common import EXPECTED_ERRORS, CommandLineParser, report_error
-from recbole_freq.command import invoked_command
+from recbole_freq.command import DEFAULT_MAX_SEQUENCES, invoked_command
 from recbole_freq.files import OutputWriteError, check_writable, write_atomic
 
 
@@ -38,6 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cli(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    # Only now: the analysis loads torch, RecBole and matplotlib.
+    from recbole_freq.analysis import analyse_checkpoint, label_results
+    from recbole_freq.analysis_figures import write_figures
+    from recbole_freq.checkpoint import CheckpointError, UntrustedCheckpointError
+
     out = Path(args.out or Path("analysis") / "_vs_".join(Path(p).stem for p in args.analyze))
     try:
         if args.max_sequences < 1:

@@ -13,9 +13,8 @@ from recbole_freq.cli.common import (
     report_error,
     split_config_files,
 )
-from recbole_freq.command import invoked_command
-from recbole_freq.compare import DEFAULT_SEEDS, compare
-from recbole_freq.quick_start import DEFAULT_DATASET, RunInterrupted
+from recbole_freq.command import DEFAULT_DATASET, DEFAULT_SEEDS, invoked_command
+from recbole_freq.signals import RunInterrupted
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
 def cli(argv: list[str]) -> int:
     parser = build_parser()
     args, overrides = parse_job_args(parser, argv)
+    from recbole_freq.compare import compare  # only now: it loads torch and RecBole
+
     try:
         result = compare(
             args.compare,

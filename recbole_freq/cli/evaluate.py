@@ -8,7 +8,6 @@ import json
 
 from recbole_freq.cli.common import EXPECTED_ERRORS, CommandLineParser, report_error
 from recbole_freq.command import invoked_command
-from recbole_freq.evaluate import evaluate_checkpoint, markdown
 from recbole_freq.files import check_output_file, write_atomic
 
 
@@ -39,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cli(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    from recbole_freq.evaluate import evaluate_checkpoint, markdown  # loads torch, RecBole
+
     try:
         if args.output:
             check_output_file(args.output, "--output")

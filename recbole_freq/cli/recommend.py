@@ -9,27 +9,11 @@ import sys
 
 import numpy as np
 
-from recbole_freq.checkpoint import (
-    CheckpointError,
-    UntrustedCheckpointError,
-    describe_checkpoint,
-    restore_model,
-)
 from recbole_freq.cli.common import EXPECTED_ERRORS, CommandLineParser, report_error
+from recbole_freq.command import RECOMMEND_CONTEXTS as CONTEXTS
+from recbole_freq.command import RECOMMEND_FORMATS as FORMATS
 from recbole_freq.command import invoked_command
 from recbole_freq.files import OutputWriteError, check_output_file, write_atomic
-from recbole_freq.recommend import (
-    CONTEXTS,
-    FORMATS,
-    format_recommendations,
-    known_users,
-    load_raw_ids,
-    parse_user_tokens,
-    recommend,
-    single_item_histories,
-    user_ids,
-    users_without_rows,
-)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,6 +59,8 @@ def _users_to_read(model, config, splits, tokens, uids, args):
     interaction) is read from that interaction under ``next``; with ``--all_users`` the
     users with nothing to read (no interaction, or under ``test`` no test row) are left
     out and named in one line."""
+    from recbole_freq.recommend import single_item_histories, users_without_rows
+
     missing = users_without_rows(splits, uids, args.context)
     histories = {}
     if args.context == "next" and len(missing):
@@ -100,6 +86,22 @@ def _users_to_read(model, config, splits, tokens, uids, args):
 
 def cli(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    # Only now: the checkpoint and its dataset load torch and RecBole.
+    from recbole_freq.checkpoint import (
+        CheckpointError,
+        UntrustedCheckpointError,
+        describe_checkpoint,
+        restore_model,
+    )
+    from recbole_freq.recommend import (
+        format_recommendations,
+        known_users,
+        load_raw_ids,
+        parse_user_tokens,
+        recommend,
+        user_ids,
+    )
+
     fmt = args.format or ("json" if (args.output or "").endswith(".json") else "csv")
     try:
         if args.topk < 1 or args.batch_size < 1:

@@ -12,10 +12,9 @@ from recbole_freq.cli.common import (
     report_error,
     split_config_files,
 )
-from recbole_freq.command import invoked_command
+from recbole_freq.command import SEARCHES, invoked_command
 from recbole_freq.files import OutputWriteError, check_output_file, write_atomic
-from recbole_freq.quick_start import RunInterrupted
-from recbole_freq.tune import SEARCHES, TrialsFailedError, default_search_name, tune_model
+from recbole_freq.signals import RunInterrupted
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +84,9 @@ def cli(argv: list[str]) -> int:
     """``run_recbole_freq.py --hyper_file ...``: run a search, print the ranked trials."""
     parser = build_parser()
     args, overrides = parse_job_args(parser, argv)
+    # Only now: the search loads torch, RecBole and Ray.
+    from recbole_freq.tune import TrialsFailedError, default_search_name, tune_model
+
     # Named here, so that an interrupt can name the search to resume.
     name = args.name or default_search_name(args.model, args.dataset)
     try:

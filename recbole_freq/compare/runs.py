@@ -10,10 +10,10 @@ import os
 import time
 from pathlib import Path
 
+from recbole_freq.command import DEFAULT_SEEDS  # noqa: F401  (its name here before)
 from recbole_freq.files import plain_value, write_atomic
 from recbole_freq.ray_cluster import check_resources, import_ray, start_or_join
 
-DEFAULT_SEEDS = (2024, 2025, 2026)
 DEFAULT_METRICS = tuple(f"{name}@{k}" for name in ("hit", "ndcg") for k in (5, 10, 20))
 # Shown by default for each of the run's ``extra_test_modes`` (e.g. ``uni100:hit@10``): the
 # sampled protocol's papers (Rec-Denoiser, SASRec) report @10 only.

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from recbole_freq.command import SEARCHES
 from recbole_freq.config import check_name_component
 from recbole_freq.distributed import data_parallel_settings
 from recbole_freq.files import check_writable, plain_value, write_atomic
@@ -20,7 +21,6 @@ from recbole_freq.tune.hyper import distinct_combinations, grid_size, parse_hype
 from recbole_freq.tune.report import finished_trials, rank_trials, write_outputs
 from recbole_freq.tune.trial import run_trial
 
-SEARCHES = ("grid", "random", "optuna", "hyperopt")
 DEFAULT_NUM_SAMPLES = 10
 SPEC_FILE = "recbole_freq_search.json"
 
