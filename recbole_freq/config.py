@@ -458,16 +458,13 @@ class FreqConfig(Config):
             return
         if field in load_col["inter"]:
             return
-        from recbole_freq.data import inter_files
+        from recbole_freq.data import inter_columns, inter_files
 
         try:
-            with open(inter_files(self)[0], encoding="utf-8", errors="replace") as handle:
-                header = (
-                    handle.readline().rstrip("\r\n").split(settings.get("field_separator") or "\t")
-                )
+            columns = inter_columns(inter_files(self)[0], settings.get("field_separator"))
         except OSError:
             return  # not prepared: the run stops at its dataset check
-        if field in [column.split(":")[0] for column in header]:
+        if field in columns:
             settings["load_col"] = dict(load_col, inter=[*load_col["inter"], field])
 
     def _check_user_settings(self, model_class, given_dict: dict) -> None:

@@ -48,6 +48,13 @@ def inter_files(config) -> list[str]:
     ]
 
 
+def inter_columns(path, separator=None) -> list[str]:
+    """The column names of an atomic file's header (``user_id:token`` -> ``user_id``)."""
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        header = handle.readline().rstrip("\r\n").split(separator or "\t")
+    return [column.split(":")[0] for column in header]
+
+
 def check_prepared(config) -> str:
     """Path of the dataset's (first) interaction file; ``DatasetNotPreparedError`` if one
     is absent."""

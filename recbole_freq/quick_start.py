@@ -28,7 +28,7 @@ from recbole_freq.checkpoint import weights_fingerprint
 from recbole_freq.command import DEFAULT_DATASET, DEFAULT_MODEL, invoked_command
 from recbole_freq.compat import current_log_file, saved_state
 from recbole_freq.config import FreqConfig, get_model_class
-from recbole_freq.data import check_prepared, dataset_fingerprint, inter_files
+from recbole_freq.data import check_prepared, dataset_fingerprint, inter_columns, inter_files
 from recbole_freq.distributed import (
     DataParallelError,
     data_parallel_settings,
@@ -523,9 +523,7 @@ def check_atomic_columns(config) -> None:
     if not wanted:
         return
     for inter in inter_files(config):
-        with open(inter, encoding="utf-8", errors="replace") as handle:
-            header = handle.readline().rstrip("\r\n").split(config["field_separator"] or "\t")
-        present = [column.split(":")[0] for column in header]
+        present = inter_columns(inter, config["field_separator"])
         missing = [column for column in dict.fromkeys(wanted) if column not in present]
         if not missing and config["benchmark_filename"] and sequential:
             _check_list_lengths(config, inter, present.index(wanted[1]))
@@ -578,9 +576,7 @@ def check_timestamps(config) -> None:
         return
     separator = config["field_separator"] or "\t"
     for inter in inter_files(config):
-        with open(inter, encoding="utf-8", errors="replace") as handle:
-            header = handle.readline().rstrip("\r\n").split(separator)
-        names = [column.split(":")[0] for column in header]
+        names = inter_columns(inter, separator)
         if time_field not in names:
             continue
         column = pd.read_csv(

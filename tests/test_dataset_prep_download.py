@@ -111,6 +111,16 @@ def publish(monkeypatch, server, name, which, file, data, fmt, sha256=True, memb
     monkeypatch.setitem(download.SOURCES, (name, which), source)
 
 
+def publish_lastfm_archive(monkeypatch, server, sha256=True) -> tuple[bytes, bytes]:
+    """``lastfm_archive()`` served as HetRec's raw LastFM source; returns it."""
+    archive, dat = lastfm_archive()
+    publish(
+        monkeypatch, server, "lastfm", RAW, "hetrec2011-lastfm-2k.zip", archive,
+        "lastfm-hetrec", sha256=sha256, member="user_taggedartists-timestamps.dat",
+    )  # fmt: skip
+    return archive, dat
+
+
 def test_download_fetches_verifies_and_prepares(tmp_path, server, monkeypatch, capsys):
     data = one_line_fixture(tmp_path)
     publish(monkeypatch, server, "lastfm", ONE_LINE_SOURCE, "LastFM.txt", data, "one-line")
@@ -173,11 +183,7 @@ def test_an_existing_different_file_is_never_replaced(tmp_path, server, monkeypa
 
 
 def test_a_raw_archive_is_fetched_and_its_member_prepared(tmp_path, server, monkeypatch):
-    archive, dat = lastfm_archive()
-    publish(
-        monkeypatch, server, "lastfm", RAW, "hetrec2011-lastfm-2k.zip", archive,
-        "lastfm-hetrec", member="user_taggedartists-timestamps.dat",
-    )  # fmt: skip
+    _, dat = publish_lastfm_archive(monkeypatch, server)
     out = tmp_path / "dataset"
     assert main(["lastfm", "--download", "--out", str(out), "--quiet", "--no-check"]) == 0
     assert (out / "downloads" / "user_taggedartists-timestamps.dat").read_bytes() == dat
@@ -261,11 +267,7 @@ def test_a_link_planted_at_the_part_file_is_never_written_through(
 def test_a_link_planted_at_the_extracted_part_file_is_never_written_through(
     tmp_path, server, monkeypatch, capsys
 ):
-    archive, dat = lastfm_archive()
-    publish(
-        monkeypatch, server, "lastfm", RAW, "hetrec2011-lastfm-2k.zip", archive,
-        "lastfm-hetrec", member="user_taggedartists-timestamps.dat",
-    )  # fmt: skip
+    archive, dat = publish_lastfm_archive(monkeypatch, server)
     out = tmp_path / "dataset"
     (out / "downloads").mkdir(parents=True)
     (out / "downloads" / "hetrec2011-lastfm-2k.zip").write_bytes(archive)
@@ -385,11 +387,7 @@ def test_ctrl_c_before_any_byte_says_nothing_was_downloaded(tmp_path, server, mo
 def test_a_wrong_archive_from_a_mirror_names_the_files_to_delete(
     tmp_path, server, monkeypatch, capsys
 ):
-    archive, _ = lastfm_archive()
-    publish(
-        monkeypatch, server, "lastfm", RAW, "hetrec2011-lastfm-2k.zip", archive,
-        "lastfm-hetrec", sha256=None, member="user_taggedartists-timestamps.dat",
-    )  # fmt: skip
+    publish_lastfm_archive(monkeypatch, server, sha256=None)
     out = tmp_path / "dataset"
     assert main(["lastfm", "--download", "--out", str(out), "--quiet"]) == 2  # counts differ
     err = capsys.readouterr().err

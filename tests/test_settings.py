@@ -438,12 +438,9 @@ def test_a_recbole_model_that_cannot_be_built_is_one_line(small_config, capsys):
 def test_evaluation_settings_that_cannot_be_computed_are_one_line_before_training(
     small_config, capsys, flag, message
 ):
-    from recbole_freq.cli import main
-
-    args = [f"--{key}={value}" for key, value in small_config.items()]
-    assert main(["--model=SASRec", "--dataset=tiny", *args, flag]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and message in err, err
+    assert run_main(small_config, flag, model="SASRec") == 2
+    err = one_error_line(capsys)
+    assert message in err, err
     assert not list(Path(small_config["checkpoint_dir"]).glob("*.pth"))  # nothing trained
 
 
