@@ -23,8 +23,8 @@ the calibration is the CPU's, CUDA's fused attention holds less, and a CUDA
 out-of-memory error ends the run with one line (``TrainingOutOfMemory``) instead of a
 kernel kill.  Attention with time intervals (TiSASRec) adds a third term,
 ``RELATION_COEFFICIENT * B * layers * heads * n * (n + time_span + 1)``.  Models without
-a calibration (most RecBole built-ins) are not checked.  Separately, a length far beyond the longest history in the
-data is a warning: the padding costs memory and time.
+a calibration (most RecBole built-ins) are not checked.  Separately, a length far beyond
+the longest history in the data is a warning: the padding costs memory and time.
 """
 
 from __future__ import annotations
