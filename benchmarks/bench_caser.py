@@ -40,8 +40,8 @@ COMMON = {"train_batch_size": 256, "loss_type": "CE", "show_progress": False, "s
 
 
 def build(model, length, dataset, data_path, seed, steps):
-    from recbole_freq.config import FreqConfig
-    from recbole_freq.quick_start import load_splits, new_model
+    from recbole_freq.config.configurator import FreqConfig
+    from recbole_freq.quick_start.quick_start import load_splits, new_model
 
     settings = SASREC if model == "SASRec" else CASER
     overrides = dict(COMMON, **settings, MAX_ITEM_LIST_LENGTH=length, data_path=data_path)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from recbole_freq.files import write_atomic
 from recbole_freq.model.frequency import FFT_LOW_PASS_FROM_LENGTH, FrequencyRescaler
+from recbole_freq.utils.files import write_atomic
 
 HERE = Path(__file__).resolve().parent
 LENGTHS = "16,32,50,64,100,128,144,160,176,200,256,300,400,500,750,1000"

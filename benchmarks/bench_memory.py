@@ -69,9 +69,9 @@ def model_child(model_name, dataset, batch, length, steps=3):
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from recbole_freq.config import FreqConfig
-    from recbole_freq.memory import estimate_bytes, step_shape
-    from recbole_freq.quick_start import load_splits, new_model
+    from recbole_freq.config.configurator import FreqConfig
+    from recbole_freq.quick_start.memory import estimate_bytes, step_shape
+    from recbole_freq.quick_start.quick_start import load_splits, new_model
 
     overrides = dict(SIZES, MAX_ITEM_LIST_LENGTH=length, train_batch_size=batch, seed=2024)
     config = FreqConfig(model_name, dataset, cmd_overrides=overrides)
@@ -195,8 +195,8 @@ def main(argv=None):
 
     import torch
 
-    from recbole_freq.files import write_atomic
-    from recbole_freq.memory import StepShape, estimate_bytes
+    from recbole_freq.quick_start.memory import StepShape, estimate_bytes
+    from recbole_freq.utils.files import write_atomic
 
     points = [tuple(int(n) for n in p.split("x")) for p in args.points.split(",")]
     rows, fitted, operator_rows = [], {}, []

@@ -51,7 +51,7 @@ def variants(length: int, orders, main_length: int) -> dict[str, tuple[str, dict
 def load(chosen, dataset, data_path, length, seed=2024):
     from common import load_models, with_optimizers
 
-    from recbole_freq.config import FreqConfig
+    from recbole_freq.config.configurator import FreqConfig
 
     base = dict(SIZES, MAX_ITEM_LIST_LENGTH=length, data_path=data_path, seed=seed)
     configs = {

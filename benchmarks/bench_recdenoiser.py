@@ -66,7 +66,7 @@ REFERENCE = "SASRec (RecBole)"
 def load(dataset, data_path, seed=2024):
     from common import load_models, with_optimizers
 
-    from recbole_freq.config import FreqConfig
+    from recbole_freq.config.configurator import FreqConfig
 
     configs = {
         name: FreqConfig(

@@ -27,12 +27,12 @@ sys.path.insert(0, str(HERE))
 from bench_speed import SIZES, default_dataset  # noqa: E402
 from common import write_results  # noqa: E402
 
-from recbole_freq.evaluation import SampledScorer  # noqa: E402
+from recbole_freq.protocol.sampled_scoring import SampledScorer  # noqa: E402
 
 
 def load_uni100(model_name: str, dataset: str, data_path: str, seed: int):
-    from recbole_freq.config import FreqConfig, properties_dir
-    from recbole_freq.quick_start import load_splits, new_model
+    from recbole_freq.config.configurator import FreqConfig, properties_dir
+    from recbole_freq.quick_start.quick_start import load_splits, new_model
 
     protocol = str(properties_dir() / "protocol" / "uni100.yaml")
     # The protocol's own eval_batch_size: a batch holds eval_batch_size // 101 users.

@@ -52,7 +52,7 @@ def default_dataset(data_path: str) -> str:
 def load(models, dataset, data_path, length, seed=2024):
     from common import load_models, with_optimizers
 
-    from recbole_freq.config import FreqConfig
+    from recbole_freq.config.configurator import FreqConfig
 
     overrides = dict(SIZES, data_path=data_path, seed=seed, MAX_ITEM_LIST_LENGTH=length)
     configs = {m: FreqConfig(m, dataset, cmd_overrides=overrides) for m in models}

@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import write_results  # noqa: E402
 
-from recbole_freq.config import FreqConfig  # noqa: E402
+from recbole_freq.config.configurator import FreqConfig  # noqa: E402
 from recbole_freq.protocol import PIECES, ProtocolError, protocol_trainer  # noqa: E402
-from recbole_freq.quick_start import load_splits, new_model  # noqa: E402
+from recbole_freq.quick_start.quick_start import load_splits, new_model  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -29,8 +29,8 @@ from pathlib import Path
 import yaml
 from common import grid_checkpoints, grid_parser, run_grid_then_report, write_report
 
-from recbole_freq.config import paper_reference_settings
-from recbole_freq.files import plain_value, write_atomic
+from recbole_freq.config.configurator import paper_reference_settings
+from recbole_freq.utils.files import plain_value, write_atomic
 
 BETAS = [0.0, 1e-4, 1e-3, 1e-2, 1e-1, 1.0]
 METRICS = ["hit@10", "ndcg@10", "hit@20", "ndcg@20"]
@@ -86,7 +86,7 @@ def store(target: Path, summary: dict, extra: dict) -> None:
 
 
 def run_sweep(args, folder: Path) -> None:
-    from recbole_freq.quick_start import run
+    from recbole_freq.quick_start.quick_start import run
 
     common = {"data_path": args.data_path, "show_progress": False, "seed": args.seed}
     denoiser = dict(args.settings)  # --set: every RecDenoiser run, not the reference

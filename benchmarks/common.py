@@ -13,7 +13,7 @@ def load_models(configs: dict, seed: int, reference: str):
     """``configs``: label -> FreqConfig, all on one dataset.  The split is built once from
     ``configs[reference]``; every model is built on it with the same seed.  Returns
     ``(reference config, (train, valid, test), {label: model})``."""
-    from recbole_freq.quick_start import load_splits, new_model
+    from recbole_freq.quick_start.quick_start import load_splits, new_model
 
     first = configs[reference]
     first["seed"] = seed
@@ -43,7 +43,7 @@ def with_optimizers(models: dict) -> dict:
 
 def write_results(out, stem: str, markdown: str, data: dict) -> None:
     """``<out>/<stem>.md`` and ``<out>/<stem>.json``, each whole or not at all."""
-    from recbole_freq.files import write_atomic
+    from recbole_freq.utils.files import write_atomic
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -91,7 +91,7 @@ def grid_checkpoints(args) -> Path:
 
 def write_report(folder: Path, stem: str, text: str, figure) -> None:
     """A grid's table and figure beside its run folder, each whole or not at all."""
-    from recbole_freq.files import write_atomic
+    from recbole_freq.utils.files import write_atomic
 
     write_atomic(
         folder.parent / f"{stem}.png", lambda handle: figure.savefig(handle, format="png", dpi=100)

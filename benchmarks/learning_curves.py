@@ -21,7 +21,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from recbole_freq.files import write_atomic  # noqa: E402
+from recbole_freq.utils.files import write_atomic  # noqa: E402
 
 METRICS = ["hit@5", "ndcg@5", "hit@10", "ndcg@10", "hit@20", "ndcg@20"]
 

@@ -30,8 +30,8 @@ from pathlib import Path
 
 from common import grid_checkpoints, grid_parser, run_grid_then_report, write_report
 
-from recbole_freq.config import paper_reference_settings
-from recbole_freq.files import plain_value, write_atomic
+from recbole_freq.config.configurator import paper_reference_settings
+from recbole_freq.utils.files import plain_value, write_atomic
 
 RATIOS = [0.0, 0.05, 0.10, 0.15, 0.20, 0.25]
 MODELS = ["SASRec", "RecDenoiser"]
@@ -45,7 +45,7 @@ def run_name(model: str, ratio: float, seed: int | None) -> str:
 
 
 def run_grid(args, folder: Path):
-    from recbole_freq.quick_start import run
+    from recbole_freq.quick_start.quick_start import run
 
     seeds = args.seeds or [None]
     checkpoints = grid_checkpoints(args)

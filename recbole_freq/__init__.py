@@ -17,7 +17,7 @@ __all__ = ["FreqConfig", "MODELS", "get_model_class", "__version__"]
 def __getattr__(name):
     # Torch, RecBole's Config and every model load only when one of these is used.
     if name in ("FreqConfig", "get_model_class"):
-        from recbole_freq import config
+        from recbole_freq.config import configurator as config
 
         return getattr(config, name)
     if name == "MODELS":

@@ -20,8 +20,8 @@ RecBole's built-in models and evaluators behave as on the stack they were writte
    and ``evaluate(load_best_model=True)`` restores that copy.  Every other ``torch.load``
    of RecBole's trainer and quick-start modules (``resume_checkpoint``,
    ``load_data_and_model``, ``evaluate`` of another file) goes through the restricted
-   loader of ``recbole_freq.checkpoint``, whoever wrote the file, and their
-   ``torch.save`` through the plugin's atomic writer (``recbole_freq.files``), so a
+   loader of ``recbole_freq.checkpoint.loader``, whoever wrote the file, and their
+   ``torch.save`` through the plugin's atomic writer (``recbole_freq.utils.files``), so a
    failed re-save (a full disk) never replaces the previous good checkpoint.
    ``recbole.quick_start.load_data_and_model`` imports torch inside the function, so it
    is replaced as a whole (``load_data_and_model`` below: the same six values, through
@@ -297,26 +297,26 @@ class UntrustedCheckpointError(ValueError):
 
 def _restricted_load(f, map_location=None, **_ignored):
     """``torch.load`` for RecBole's modules: the restricted checkpoint loader, always."""
-    from recbole_freq.checkpoint import load_checkpoint
+    from recbole_freq.checkpoint.loader import load_checkpoint
 
     return load_checkpoint(f, map_location=map_location or "cpu")
 
 
 def _atomic_save(obj, f, *args, **kwargs):
-    """``torch.save`` for RecBole's modules: whole or not at all (``recbole_freq.files``),
+    """``torch.save`` for RecBole's modules: whole or not at all (``recbole_freq.utils.files``),
     and a checkpoint (a dict with the run's ``Config``) in the plain form that torch's
-    weights-only loader reads (``recbole_freq.checkpoint_schema``)."""
+    weights-only loader reads (``recbole_freq.checkpoint.schema``)."""
     import torch
     from recbole.config import Config
 
     if isinstance(obj, dict) and isinstance(obj.get("config"), Config):
-        from recbole_freq.checkpoint_schema import to_plain_checkpoint
+        from recbole_freq.checkpoint.schema import to_plain_checkpoint
 
         obj, args = to_plain_checkpoint(obj), ()
         kwargs.pop("pickle_protocol", None)  # RecBole's 4; the weights-only loader reads 2
     if not isinstance(f, (str, os.PathLike)):
         return torch.save(obj, f, *args, **kwargs)
-    from recbole_freq.files import write_atomic
+    from recbole_freq.utils.files import write_atomic
 
     write_atomic(f, lambda handle: torch.save(obj, handle, *args, **kwargs))
 
@@ -401,11 +401,11 @@ def when_imported(name: str, patch, before=None) -> None:
 
 def load_data_and_model(model_file):
     """RecBole's ``recbole.quick_start.load_data_and_model`` on the restricted loader of
-    ``recbole_freq.checkpoint`` (fix 2): the same six values, for RecBole's and the
+    ``recbole_freq.checkpoint.loader`` (fix 2): the same six values, for RecBole's and the
     plugin's models, on the GPU when there is one, and no code run from the file."""
     import torch
 
-    from recbole_freq.checkpoint import restore_model
+    from recbole_freq.checkpoint.loader import restore_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, config, dataset, (train_data, valid_data, test_data), _ = restore_model(
@@ -667,8 +667,8 @@ def _patch_download(dataset_module) -> None:
     recboles_download = Dataset._download
 
     def _download(dataset):
-        from recbole_freq.config import FreqConfig
-        from recbole_freq.data import not_prepared_error
+        from recbole_freq.config.configurator import FreqConfig
+        from recbole_freq.data.guard import not_prepared_error
 
         if not isinstance(dataset.config, FreqConfig):
             return recboles_download(dataset)  # a program's own RecBole run: its choice
@@ -736,7 +736,7 @@ def _init_device_without_cuda(original):
             return original(self)
         import torch
 
-        from recbole_freq.distributed import init_method
+        from recbole_freq.quick_start.distributed import init_method
 
         gpu_id = values["gpu_id"]
         gpu_id = ",".join(map(str, gpu_id)) if isinstance(gpu_id, tuple) else str(gpu_id)

@@ -48,8 +48,8 @@ def prepare(model, overrides, dataset="tiny"):
     build; the one helper every test that builds a model itself uses."""
     from recbole.utils import init_seed
 
-    from recbole_freq.config import FreqConfig
-    from recbole_freq.quick_start import load_splits
+    from recbole_freq.config.configurator import FreqConfig
+    from recbole_freq.quick_start.quick_start import load_splits
 
     config = FreqConfig(model, dataset, cmd_overrides=overrides)
     _, (train, valid, test) = load_splits(config)

@@ -10,7 +10,7 @@ import torch
 from recbole_freq.model import MODELS
 from recbole_freq.model.frequency import FrequencyRescaler, LearnableFilter
 from recbole_freq.model.polynomial import TruncatedResidual
-from recbole_freq.quick_start import run
+from recbole_freq.quick_start.quick_start import run
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from conftest import SMALL_MODEL
-from recbole_freq.analysis import (
+from recbole_freq.checkpoint.loader import restore_model
+from recbole_freq.cli import main
+from recbole_freq.jobs.analyze.measures import (
     EncoderProbe,
     high_low_energy,
     mean_pairwise_cosine,
@@ -16,11 +18,9 @@ from recbole_freq.analysis import (
     spectral_response,
     valid_positions,
 )
-from recbole_freq.checkpoint import restore_model
-from recbole_freq.cli import main
 from recbole_freq.model.frequency import low_pass_projector
 from recbole_freq.model.layers import build_attention_mask
-from recbole_freq.quick_start import run
+from recbole_freq.quick_start.quick_start import run
 
 N = 12
 

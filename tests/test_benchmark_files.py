@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from conftest import SMALL_MODEL
-from recbole_freq.config import FreqConfig
-from recbole_freq.data import DatasetNotPreparedError, dataset_fingerprint
+from recbole_freq.config.configurator import FreqConfig
+from recbole_freq.data.guard import DatasetNotPreparedError, dataset_fingerprint
 from recbole_freq.protocol import HISTORY_LENGTH, HISTORY_START, POSITION_TARGETS, ProtocolError
-from recbole_freq.quick_start import load_splits, run
+from recbole_freq.quick_start.quick_start import load_splits, run
 
 PARTS = ["train", "valid", "test"]
 PROTOCOLS = ["recbole", "bsarec", "sasrec", "fmlprec", "uni100"]

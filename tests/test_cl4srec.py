@@ -20,7 +20,7 @@ from recbole_freq.model.contrastive import (
     nt_xent,
     two_augmented_views,
 )
-from recbole_freq.quick_start import run
+from recbole_freq.quick_start.quick_start import run
 
 MASK = 10_000  # above every item id batch_of makes
 NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attn_dropout_prob": 0.0}

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import REPO_ROOT
 from recbole_freq.cli import main
-from recbole_freq.config import FreqConfig, property_files
+from recbole_freq.config.configurator import FreqConfig, property_files
 
 
 def cli_args(config: dict) -> list[str]:
@@ -124,7 +124,7 @@ def test_entry_point_script_exits_non_zero_on_unknown_model(tmp_path):
 
 
 def test_extra_test_modes_add_the_sampled_protocol_without_retraining(small_config):
-    from recbole_freq.quick_start import run
+    from recbole_freq.quick_start.quick_start import run
 
     config = dict(small_config, epochs=1, extra_test_modes=["uni100"])
     summary = run("SASRec", "tiny", config_dict=config)
@@ -140,7 +140,7 @@ def test_extra_test_modes_add_the_sampled_protocol_without_retraining(small_conf
 
 
 def test_unknown_extra_test_mode_is_an_error(small_config):
-    from recbole_freq.quick_start import run
+    from recbole_freq.quick_start.quick_start import run
 
     with pytest.raises(ValueError, match="not a RecBole evaluation mode"):
         run("SASRec", "tiny", config_dict=dict(small_config, epochs=1, extra_test_modes=["x5"]))
@@ -238,7 +238,7 @@ def test_python_dash_m_runs_the_same_command_line():
     ],
 )
 def test_hints_name_the_command_that_was_run(argv0, command):
-    from recbole_freq.command import invoked_command
+    from recbole_freq.utils.command import invoked_command
 
     assert invoked_command(argv0) == command
 

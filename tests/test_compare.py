@@ -9,7 +9,7 @@ import pytest
 from scipy.stats import ttest_rel
 
 from recbole_freq.cli import main
-from recbole_freq.compare import (
+from recbole_freq.jobs.compare import (
     ComparisonError,
     compare,
     improvement,
@@ -17,7 +17,7 @@ from recbole_freq.compare import (
     paired_p_value,
     summarise,
 )
-from recbole_freq.compare.runs import _check_ray_resources
+from recbole_freq.jobs.compare.runs import _check_ray_resources
 
 METRICS = ["hit@5", "hit@10", "hit@20", "ndcg@5", "ndcg@10", "ndcg@20"]
 
@@ -420,7 +420,7 @@ def test_paper_gives_a_denoisers_backbone_the_same_settings(small_config, tmp_pa
 
 
 def test_multiple_testing_corrections():
-    from recbole_freq.compare.tables import adjust_p_values
+    from recbole_freq.jobs.compare.tables import adjust_p_values
 
     raw = {"a": 0.01, "b": 0.04, "c": 0.03, "d": None}
     holm = adjust_p_values(raw, "holm")
@@ -434,7 +434,7 @@ def test_per_user_significance_against_the_best_baseline(small_config, tmp_path)
     baseline per user: paired Wilcoxon and t on per-user values, Holm across the table."""
     from scipy.stats import wilcoxon
 
-    from recbole_freq.compare.tables import adjust_p_values, per_user_values
+    from recbole_freq.jobs.compare.tables import adjust_p_values, per_user_values
 
     out = tmp_path / "users"
     overrides = overrides_of(small_config, epochs=1)
@@ -460,7 +460,7 @@ def test_published_figures_sit_beside_a_table_of_their_protocol_only():
     """``properties/reference/`` figures (the paper, the authors' code run here) are shown
     for a table of exactly their protocol, model pieces aside, and each row says how far
     ours is from them."""
-    from recbole_freq.compare.tables import published_figures, published_section
+    from recbole_freq.jobs.compare.tables import published_figures, published_section
 
     figures = published_figures("lastfm", ["bsarec", "bsarec+train_loss=bce"])
     assert [figure["name"] for figure in figures] == ["paper", "authors' code here"]
@@ -485,7 +485,7 @@ def test_published_figures_sit_beside_a_table_of_their_protocol_only():
 def test_every_reference_file_holds_plain_figures():
     import yaml
 
-    from recbole_freq.config import properties_dir
+    from recbole_freq.config.configurator import properties_dir
     from recbole_freq.protocol import protocol_names
 
     files = sorted((properties_dir() / "reference").glob("*.yaml"))
@@ -555,7 +555,7 @@ def test_a_run_file_whose_values_cannot_be_metrics_is_refused(one_stored_run, ed
 
 
 def test_two_comparisons_into_one_folder_at_once_are_refused(one_stored_run):
-    from recbole_freq.compare.runs import lock_out_dir
+    from recbole_freq.jobs.compare.runs import lock_out_dir
 
     path, again = one_stored_run
     held = lock_out_dir(path.parent.parent)  # as a comparison running in another process

@@ -12,8 +12,8 @@ from recbole.evaluator.metrics import NDCG, Hit
 
 from conftest import prepare, without_transformer_settings
 from recbole_freq import compat
-from recbole_freq.config import FreqConfig
-from recbole_freq.data import DatasetNotPreparedError
+from recbole_freq.config.configurator import FreqConfig
+from recbole_freq.data.guard import DatasetNotPreparedError
 
 
 class NotAllowlisted:
@@ -44,7 +44,7 @@ def test_recboles_trainer_unpickles_no_checkpoint(tmp_path):
 
 def test_recboles_trainer_saves_atomically(tmp_path, monkeypatch):
     # Fix 2: a save that fails half-way leaves the previous file as it was.
-    from recbole_freq import files
+    from recbole_freq.utils import files
 
     path = tmp_path / "model.pth"
     trainer_module.torch.save({"w": torch.ones(3)}, str(path))
@@ -86,7 +86,7 @@ def test_loading_a_dataset_shows_no_pandas_chained_assignment_noise(tiny_data):
     code = (
         "import recbole_freq, pandas as pd\n"
         "from recbole.data import create_dataset\n"
-        "from recbole_freq.config import FreqConfig\n"
+        "from recbole_freq.config.configurator import FreqConfig\n"
         f"create_dataset(FreqConfig('SASRec', 'tiny', cmd_overrides={{'data_path': {str(tiny_data)!r}}}))\n"
         "frame = pd.DataFrame({'a': [1.0, None]})\n"
         "frame['a'].fillna(0, inplace=True)  # outside RecBole: still warned\n"
@@ -110,7 +110,7 @@ def test_importing_recbole_freq_restores_everything_in_a_fresh_process():
 def test_recbole_builtins_leave_autograd_anomaly_detection_off():
     # RecBole's sine.py switches it on at import; it slows every backward pass.
     code = (
-        "import torch, recbole_freq; from recbole_freq.config import get_model_class;"
+        "import torch, recbole_freq; from recbole_freq.config.configurator import get_model_class;"
         "get_model_class('SASRec'); from recbole.model.sequential_recommender import sine;"
         "print(torch.is_anomaly_enabled())"
     )
@@ -146,7 +146,7 @@ def open_writers() -> set:
 def test_a_run_leaves_its_tensorboard_scalars_on_disk_and_no_writer_open(small_config, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from recbole_freq.quick_start import run
+    from recbole_freq.quick_start.quick_start import run
 
     before = open_writers()
     summary = run("SASRec", "tiny", cmd_overrides=dict(small_config, epochs=2), saved=False)
@@ -165,7 +165,7 @@ def test_an_evaluation_opens_no_tensorboard_writer(small_config, tmp_path):
     import copy
 
     from recbole_freq.protocol import protocol_trainer
-    from recbole_freq.quick_start import new_model
+    from recbole_freq.quick_start.quick_start import new_model
 
     before = open_writers()
     config, train, _, test = prepare("SASRec", small_config)
@@ -179,7 +179,7 @@ def test_an_evaluation_opens_no_tensorboard_writer(small_config, tmp_path):
 def test_each_run_in_one_process_writes_its_own_log(small_config, tmp_path):
     import logging
 
-    from recbole_freq.quick_start import run
+    from recbole_freq.quick_start.quick_start import run
 
     root = logging.getLogger()
     others = [h for h in root.handlers if not hasattr(h, "_recbole_freq_run_handler")]

@@ -18,7 +18,7 @@ from conftest import write_sequences
 from dataset_prep import download
 from dataset_prep.cli import main
 from dataset_prep.download import ONE_LINE_SOURCE, RAW, Source
-from recbole_freq.data import not_prepared_error
+from recbole_freq.data.guard import not_prepared_error
 
 
 class FixtureServer(ThreadingHTTPServer):

@@ -1,4 +1,4 @@
-"""Data-parallel training (``--nproc``, ``recbole_freq.distributed``): RecBole's DDP
+"""Data-parallel training (``--nproc``, ``recbole_freq.quick_start.distributed``): RecBole's DDP
 machinery on the CPU (gloo), two real processes on the tiny dataset, evaluation equal to
 one process's on the same checkpoint, one writing process, and what an in-batch
 contrastive objective means across ranks."""
@@ -15,7 +15,7 @@ import torch
 
 from conftest import first_batch, main_with_ctrl_c_once, prepare
 from recbole_freq.cli import main
-from recbole_freq.evaluate import evaluate_checkpoint
+from recbole_freq.jobs.evaluate import evaluate_checkpoint
 
 
 def cli_args(config: dict) -> list[str]:
@@ -55,7 +55,7 @@ def only_run(tmp_path: Path):
 def test_recboles_device_setup_opens_a_gloo_group_without_cuda(small_config):
     """Compat fix 14: RecBole opens an nccl group on cuda:<rank> whatever the machine has
     (RuntimeError without a GPU); here a gloo group on the CPU."""
-    from recbole_freq.config import FreqConfig
+    from recbole_freq.config.configurator import FreqConfig
 
     try:
         config = FreqConfig(
@@ -73,9 +73,9 @@ def test_recboles_device_setup_opens_a_gloo_group_without_cuda(small_config):
 def test_recboles_trainer_wraps_a_cpu_model_for_data_parallel(small_config):
     """Compat fix 15: RecBole's trainer passes device_ids=[local_rank], which torch
     refuses for a CPU module."""
-    from recbole_freq.config import FreqConfig
+    from recbole_freq.config.configurator import FreqConfig
     from recbole_freq.protocol import protocol_trainer
-    from recbole_freq.quick_start import load_splits, new_model
+    from recbole_freq.quick_start.quick_start import load_splits, new_model
 
     try:
         config = FreqConfig(
@@ -132,7 +132,7 @@ def test_rec_denoiser_trains_data_parallel_under_its_papers_protocol(
     processes: the sparsity scale is one process's (the global batch), and the re-seeded
     extra test modes (100 unseen negatives, full ranking) equal evaluating the checkpoint
     in one process."""
-    from recbole_freq.quick_start import new_model
+    from recbole_freq.quick_start.quick_start import new_model
 
     overrides = dict(small_config, protocol="sasrec", epochs=1)
     args = [
@@ -205,9 +205,9 @@ def _set_rng_state(state):
 def _contrastive_gradient_worker(rank, port, model_name, overrides, queue):
     import torch.distributed as dist
 
-    from recbole_freq.config import FreqConfig
+    from recbole_freq.config.configurator import FreqConfig
     from recbole_freq.protocol import protocol_trainer
-    from recbole_freq.quick_start import load_splits, new_model
+    from recbole_freq.quick_start.quick_start import load_splits, new_model
 
     group = dict(local_rank=rank, world_size=2, nproc=2, ip="127.0.0.1", port=port, offset=0)
     try:

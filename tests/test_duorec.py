@@ -12,7 +12,7 @@ from recbole_freq.cli import main
 from recbole_freq.model import BASELINES, DuoRec
 from recbole_freq.model.contrastive import nt_xent
 from recbole_freq.protocol import ProtocolError
-from recbole_freq.quick_start import run
+from recbole_freq.quick_start.quick_start import run
 
 NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attn_dropout_prob": 0.0}
 

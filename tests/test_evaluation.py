@@ -1,4 +1,4 @@
-"""Sampled evaluation through full-sort scores (``recbole_freq.evaluation``)."""
+"""Sampled evaluation through full-sort scores (``recbole_freq.protocol.sampled_scoring``)."""
 
 import logging
 
@@ -8,11 +8,11 @@ from recbole.data import create_dataset, data_preparation
 from recbole.utils import init_seed
 
 from conftest import first_batch, without_transformer_settings
-from recbole_freq import quick_start
-from recbole_freq.config import FreqConfig, get_model_class, properties_dir
-from recbole_freq.evaluation import SampledScorer, use_full_sort_for_sampled_scoring
+from recbole_freq.config.configurator import FreqConfig, get_model_class, properties_dir
 from recbole_freq.model import BERT4RecDenoiser, RecDenoiser
-from recbole_freq.quick_start import run
+from recbole_freq.protocol.sampled_scoring import SampledScorer, use_full_sort_for_sampled_scoring
+from recbole_freq.quick_start import quick_start
+from recbole_freq.quick_start.quick_start import run
 
 UNI100 = str(properties_dir() / "protocol" / "uni100.yaml")
 

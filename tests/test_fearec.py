@@ -11,10 +11,10 @@ import yaml
 
 from conftest import first_batch, prepare
 from recbole_freq.cli import main
-from recbole_freq.compare import compare
-from recbole_freq.config import FreqConfig
+from recbole_freq.config.configurator import FreqConfig
+from recbole_freq.jobs.compare import compare
 from recbole_freq.protocol import ProtocolError
-from recbole_freq.quick_start import new_model, run
+from recbole_freq.quick_start.quick_start import new_model, run
 
 AUTHORS = {
     "contrast": "us_x",

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from recbole_freq import files
-from recbole_freq.checkpoint import load_checkpoint
+from recbole_freq.checkpoint.loader import load_checkpoint
 from recbole_freq.cli import main
-from recbole_freq.files import OutputPathError, OutputWriteError, check_writable, write_atomic
+from recbole_freq.utils import files
+from recbole_freq.utils.files import OutputPathError, OutputWriteError, check_writable, write_atomic
 
 
 class DiskFullAfter:
@@ -189,7 +189,7 @@ def test_output_locations_are_checked_before_training(small_config, tmp_path, ca
 
 
 def test_recommend_and_analyze_outputs_of_the_wrong_kind(small_config, tmp_path, capsys):
-    from recbole_freq.quick_start import run
+    from recbole_freq.quick_start.quick_start import run
 
     checkpoint = run("SASRec", "tiny", config_dict=dict(small_config, epochs=1))["checkpoint"]
     capsys.readouterr()

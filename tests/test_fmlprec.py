@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from conftest import first_batch, prepare
-from recbole_freq.compare import compare
+from recbole_freq.jobs.compare import compare
 from recbole_freq.model import FMLPRec
 from recbole_freq.model.frequency import LearnableFilter
 from recbole_freq.protocol import ProtocolError
-from recbole_freq.quick_start import new_model, run
+from recbole_freq.quick_start.quick_start import new_model, run
 
 
 def dft_filter_oracle(hidden: np.ndarray, weight: np.ndarray) -> np.ndarray:

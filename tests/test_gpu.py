@@ -15,7 +15,7 @@ from recbole_freq.model.layers import (
     attention_probabilities,
     build_attention_mask,
 )
-from recbole_freq.quick_start import run
+from recbole_freq.quick_start.quick_start import run
 
 pytestmark = [
     pytest.mark.gpu,
@@ -85,7 +85,7 @@ def test_cuda_and_cpu_inference_agree():
 def test_two_gpus_train_data_parallel_and_evaluate_as_one(small_config, model):
     """--nproc 2 on two GPUs (nccl): the test metrics equal those of evaluating the
     checkpoint in one process (``tests/test_distributed.py`` runs the same on the CPU)."""
-    from recbole_freq.evaluate import evaluate_checkpoint
+    from recbole_freq.jobs.evaluate import evaluate_checkpoint
 
     settings = dict(small_config, epochs=1, nproc=2, gpu_id="0,1")
     summary = run(model, "tiny", config_dict=settings)

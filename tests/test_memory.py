@@ -9,10 +9,10 @@ import pytest
 from recbole.data import create_dataset
 from test_cli import cli_args
 
-from recbole_freq import memory
 from recbole_freq.cli import main
-from recbole_freq.config import FreqConfig
-from recbole_freq.memory import (
+from recbole_freq.config.configurator import FreqConfig
+from recbole_freq.quick_start import memory
+from recbole_freq.quick_start.memory import (
     COEFFICIENTS,
     MemoryGuardError,
     StepShape,

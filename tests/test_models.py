@@ -9,7 +9,7 @@ from recbole.trainer import Trainer
 
 from conftest import authors_left_padded, first_batch, prepare
 from recbole_freq.model import BSARec, FBSARec
-from recbole_freq.quick_start import REPORTED_METRICS, run
+from recbole_freq.quick_start.quick_start import REPORTED_METRICS, run
 from reference_bsarec import ReferenceBSARec
 
 FBSAREC_COMBINATIONS = [  # thesis appendix tables 1-6

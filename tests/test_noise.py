@@ -1,12 +1,12 @@
-"""Noise injection (``recbole_freq.noise``): which rows it corrupts, reproducibly, and
+"""Noise injection (``recbole_freq.data.noise``): which rows it corrupts, reproducibly, and
 what stays clean for evaluation."""
 
 import pytest
 import torch
 
 from conftest import prepare
-from recbole_freq.noise import corrupt_sequences
-from recbole_freq.quick_start import run
+from recbole_freq.data.noise import corrupt_sequences
+from recbole_freq.quick_start.quick_start import run
 
 
 def histories_of(dataset):

@@ -77,7 +77,7 @@ def test_wheel_install_finds_property_files(tmp_path, wheel):
     )
     assert install.returncode == 0, install.stderr
     probe = (
-        "import recbole_freq, recbole_freq.config as c;"
+        "import recbole_freq, recbole_freq.config.configurator as c;"
         "p = c.property_files('BSARec', 'lastfm', paper=True); print(recbole_freq.__file__); print(p)"
     )
     env = dict(os.environ, PYTHONPATH=str(target))

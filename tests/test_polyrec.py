@@ -13,7 +13,7 @@ from recbole.trainer import Trainer
 
 from conftest import first_batch, prepare
 from recbole_freq.cli import main
-from recbole_freq.config import FreqConfig
+from recbole_freq.config.configurator import FreqConfig
 from recbole_freq.model import PolyRec
 from recbole_freq.model.contrastive import SameTargetSampler
 from recbole_freq.model.layers import (
@@ -23,7 +23,7 @@ from recbole_freq.model.layers import (
     build_attention_mask,
 )
 from recbole_freq.model.polynomial import ChebyshevAttention, TruncatedResidual, chebyshev_terms
-from recbole_freq.quick_start import REPORTED_METRICS, run
+from recbole_freq.quick_start.quick_start import REPORTED_METRICS, run
 
 
 def random_attention_inputs(batch=3, heads=2, seq_len=7, head_size=4, seed=0):

@@ -13,7 +13,7 @@ import torch
 
 from conftest import without_transformer_settings
 from dataset_prep import convert_one_line
-from recbole_freq.config import FreqConfig
+from recbole_freq.config.configurator import FreqConfig
 from recbole_freq.protocol import (
     HISTORY_LENGTH,
     POSITION_TARGETS,
@@ -25,7 +25,7 @@ from recbole_freq.protocol import (
     protocol_trainer,
     row_negatives,
 )
-from recbole_freq.quick_start import load_splits, new_model, run
+from recbole_freq.quick_start.quick_start import load_splits, new_model, run
 
 N = 6  # MAX_ITEM_LIST_LENGTH: shorter than most users, longer than some
 
@@ -342,7 +342,7 @@ def test_every_model_trains_and_reports_under_the_bsarec_protocol(tiny_data, tmp
 
 def test_evaluate_one_checkpoint_under_several_protocols(small_config, tmp_path, capsys):
     from recbole_freq.cli import main
-    from recbole_freq.evaluate import evaluate_checkpoint
+    from recbole_freq.jobs.evaluate import evaluate_checkpoint
 
     summary = run("BSARec", "tiny", cmd_overrides=dict(small_config, epochs=1))
     results = evaluate_checkpoint(
@@ -358,7 +358,7 @@ def test_evaluate_one_checkpoint_under_several_protocols(small_config, tmp_path,
     for metric, value in summary["test_result"].items():
         assert results[0]["test_result"][metric] == pytest.approx(value, abs=1e-4)
     assert results[0]["test_per_user"] == summary["test_per_user"]
-    from recbole_freq.compare.tables import per_user_values
+    from recbole_freq.jobs.compare.tables import per_user_values
 
     for result in results:
         for metric, value in result["test_result"].items():
@@ -385,7 +385,7 @@ def test_evaluate_one_checkpoint_under_several_protocols(small_config, tmp_path,
 def test_per_user_ranks_give_recboles_metrics(small_config, mode):
     """The per-user ranks every summary keeps (for the per-user significance tests) come
     from RecBole's own top-k structure and average back to its metrics."""
-    from recbole_freq.compare.tables import per_user_values
+    from recbole_freq.jobs.compare.tables import per_user_values
 
     overrides = dict(small_config, epochs=1, metric_decimal_place=10)
     overrides["eval_args"] = {
@@ -621,7 +621,7 @@ def test_bce_refuses_objectives_it_would_drop(tiny_data, tmp_path):
 
 
 def test_an_evaluation_variant_with_no_sampled_items_is_refused():
-    from recbole_freq.evaluate import parse_variant
+    from recbole_freq.jobs.evaluate import parse_variant
 
     assert parse_variant("mode=uni10")["mode"] == "uni10"
     with pytest.raises(ProtocolError, match="mode='uni0' ranks each target against no sampled"):

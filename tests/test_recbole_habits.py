@@ -14,7 +14,7 @@ from conftest import REPO_ROOT
 from recbole_freq.cli import main
 from recbole_freq.cli.train import _default_job_files, build_parser, format_summary
 from recbole_freq.compat import current_log_file
-from recbole_freq.quick_start import run
+from recbole_freq.quick_start.quick_start import run
 
 # RecBole's collector crashed on these after the first evaluation (compat fix 10).
 NON_ACCURACY_METRICS = ["ItemCoverage", "AveragePopularity", "GiniIndex", "TailPercentage"]
@@ -93,7 +93,7 @@ def test_recboles_load_data_and_model_reloads_a_plugin_checkpoint(small_config):
     from recbole.quick_start import load_data_and_model
     from recbole.utils.case_study import full_sort_topk
 
-    from recbole_freq.checkpoint import restore_model
+    from recbole_freq.checkpoint.loader import restore_model
 
     summary = run("BSARec", "tiny", config_dict=dict(small_config, epochs=1))
     config, model, dataset, _, _, test_data = load_data_and_model(summary["checkpoint"])
@@ -122,8 +122,8 @@ def test_a_programs_own_recbole_run_may_download_but_a_plugin_run_never(tmp_path
     from recbole.config import Config
     from recbole.data import create_dataset
 
-    from recbole_freq.config import FreqConfig
-    from recbole_freq.data import DatasetNotPreparedError
+    from recbole_freq.config.configurator import FreqConfig
+    from recbole_freq.data.guard import DatasetNotPreparedError
 
     asked = []
 
@@ -244,7 +244,7 @@ def test_run_hypers_output_file_outside_a_search_is_refused(capsys):
 
 
 def test_built_in_property_files_are_named_without_a_path(tmp_path):
-    from recbole_freq.config import find_config_file, properties_dir
+    from recbole_freq.config.configurator import find_config_file, properties_dir
 
     uni100 = properties_dir() / "protocol" / "uni100.yaml"
     for name in ("protocol/uni100", "protocol/uni100.yaml", "properties/protocol/uni100.yaml"):
@@ -266,7 +266,7 @@ def test_a_run_takes_a_built_in_config_file_by_name(small_config):
 
 def test_progress_bars_show_on_a_terminal_only_unless_asked(small_config, monkeypatch):
     """In a log or a pipe every bar redraw is a line; show_progress given wins."""
-    from recbole_freq.config import FreqConfig
+    from recbole_freq.config.configurator import FreqConfig
 
     settings = {k: v for k, v in small_config.items() if k != "show_progress"}
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)

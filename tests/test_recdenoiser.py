@@ -25,7 +25,7 @@ from recbole_freq.model.encoder import build_encoder
 from recbole_freq.model.layers import attention_probabilities, build_attention_mask
 from recbole_freq.model.objectives import DenoisingObjective, DenoisingPass, jacobian_norm_estimate
 from recbole_freq.protocol import protocol_trainer
-from recbole_freq.quick_start import run
+from recbole_freq.quick_start.quick_start import run
 
 NO_REGULARISERS = {"sparsity_beta": 0.0, "jacobian_gamma": 0.0}
 NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attn_dropout_prob": 0.0}
@@ -745,7 +745,7 @@ def test_paper_settings_are_section_5_1_4(dataset, length, dropout, beta):
     """``--paper``: the Rec-Denoiser paper's protocol, n, L, H, ARM, beta and gamma, and
     SASRec's backbone settings for dense or sparse data; the masks' own rate, and on
     lastfm the beta its sweep chose."""
-    from recbole_freq.config import FreqConfig
+    from recbole_freq.config.configurator import FreqConfig
 
     config = FreqConfig("RecDenoiser", dataset, cmd_overrides={"data_path": "unused"}, paper=True)
     assert config["protocol"] == "sasrec" and config["MAX_ITEM_LIST_LENGTH"] == length
@@ -766,7 +766,7 @@ def test_paper_settings_are_section_5_1_4(dataset, length, dropout, beta):
 def test_bert4rec_denoiser_paper_settings_keep_bert4rec_training(dataset, length, rho):
     """``--paper`` for BERT4RecDenoiser: the paper's evaluation (sasrec protocol) with
     BERT4Rec's own cloze training and settings, the paper's n, L, H, beta, gamma."""
-    from recbole_freq.config import FreqConfig, paper_reference_settings
+    from recbole_freq.config.configurator import FreqConfig, paper_reference_settings
 
     config = FreqConfig(
         "BERT4RecDenoiser", dataset, cmd_overrides={"data_path": "unused"}, paper=True
@@ -796,7 +796,7 @@ def test_both_denoisers_share_the_denoiser_settings_of_a_dataset(dataset):
     """The paper gives SASRec+D and BERT4Rec+D one set of denoiser settings; the two paper
     files of a dataset agree on them but lastfm's beta, which RecDenoiser's beta sweep
     set to 0.3 and BERT4RecDenoiser keeps at the paper's 0.01 (its file says why)."""
-    from recbole_freq.config import FreqConfig
+    from recbole_freq.config.configurator import FreqConfig
 
     shared = ["MAX_ITEM_LIST_LENGTH", "n_layers", "n_heads", "hidden_size", "estimator"]
     shared += ["jacobian_gamma", "mask_learning_rate"]

@@ -14,7 +14,7 @@ from recbole.utils.case_study import full_sort_scores, full_sort_topk
 
 from conftest import SMALL_MODEL, write_sequences
 from dataset_prep import convert_one_line
-from recbole_freq.checkpoint import (
+from recbole_freq.checkpoint.loader import (
     CheckpointError,
     CheckpointMismatchError,
     UntrustedCheckpointError,
@@ -22,8 +22,8 @@ from recbole_freq.checkpoint import (
     restore_model,
 )
 from recbole_freq.cli import main
-from recbole_freq.quick_start import run
-from recbole_freq.recommend import recommend, user_ids
+from recbole_freq.jobs.recommend import recommend, user_ids
+from recbole_freq.quick_start.quick_start import run
 
 K = 5
 
@@ -215,7 +215,7 @@ class _Payload:
 
 class _CallsConfig:
     def __reduce__(self):
-        from recbole_freq.config import FreqConfig
+        from recbole_freq.config.configurator import FreqConfig
 
         return (FreqConfig, ("SASRec", "tiny"))
 
@@ -369,7 +369,7 @@ def test_all_users_reads_a_single_interaction_as_a_history(with_single_interacti
 
     model, config, dataset, loaders, _ = restore_model(checkpoint)
     splits = [loader._dataset for loader in loaders]
-    from recbole_freq.recommend import single_item_histories, user_inputs, users_without_rows
+    from recbole_freq.jobs.recommend import single_item_histories, user_inputs, users_without_rows
 
     uid = user_ids(dataset, ["900"])
     assert users_without_rows(splits, uid, "next").tolist() == uid.tolist()

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-import recbole_freq.resume as resume_module
+import recbole_freq.quick_start.resume as resume_module
 from conftest import without_transformer_settings
 from recbole_freq.cli import main
-from recbole_freq.compare import compare
-from recbole_freq.quick_start import RunInterrupted, resume_run, run
+from recbole_freq.jobs.compare import compare
+from recbole_freq.quick_start.quick_start import RunInterrupted, resume_run, run
 
 
 def interrupt_at_epoch(monkeypatch, epoch: int):
@@ -23,7 +23,7 @@ def interrupt_at_epoch(monkeypatch, epoch: int):
         if next_epoch == epoch:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr("recbole_freq.quick_start.save_resume_state", save_then_interrupt)
+    monkeypatch.setattr("recbole_freq.quick_start.quick_start.save_resume_state", save_then_interrupt)
     return calls
 
 
@@ -116,7 +116,7 @@ def test_ctrl_c_in_a_comparison_keeps_runs_and_resumes_the_unfinished_one(
         if trainer.config["model"] == "GRU4Rec" and next_epoch == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr("recbole_freq.quick_start.save_resume_state", interrupt_in_second_run)
+    monkeypatch.setattr("recbole_freq.quick_start.quick_start.save_resume_state", interrupt_in_second_run)
     assert main([*args, *cli(shared)]) == 130
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "1 of 2 runs are stored in" in err
@@ -137,7 +137,7 @@ def test_ctrl_c_in_a_comparison_keeps_runs_and_resumes_the_unfinished_one(
 def test_a_forged_resume_state_writes_only_beside_itself(small_config, tmp_path, monkeypatch):
     import torch
 
-    from recbole_freq.checkpoint import load_checkpoint
+    from recbole_freq.checkpoint.loader import load_checkpoint
 
     interrupt_at_epoch(monkeypatch, 2)
     with pytest.raises(RunInterrupted):

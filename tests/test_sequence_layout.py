@@ -14,11 +14,11 @@ from conftest import (
     prepare,
     without_transformer_settings,
 )
-from recbole_freq.compare.runs import stored_label_differences
+from recbole_freq.jobs.compare.runs import stored_label_differences
 from recbole_freq.model import DuoRec
 from recbole_freq.model.layout import SequenceLayoutError, with_sequence_layout
 from recbole_freq.protocol import all_position_output
-from recbole_freq.quick_start import run
+from recbole_freq.quick_start.quick_start import run
 
 NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attn_dropout_prob": 0.0}
 
@@ -84,7 +84,7 @@ def test_each_accepted_builtin_reads_the_authors_rows(small_config, name):
     config, train, _, test = prepare(
         name, dict(settings_of(name, small_config), sequence_layout="left")
     )
-    from recbole_freq.config import get_model_class
+    from recbole_freq.config.configurator import get_model_class
 
     original = get_model_class(name)
     laid_model = with_sequence_layout(original, config)(config, train._dataset).eval()

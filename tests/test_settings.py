@@ -8,8 +8,13 @@ import pytest
 
 from conftest import SMALL_MODEL
 from recbole_freq.cli import main
-from recbole_freq.config import ConfigFileError, FreqConfig, properties_dir, read_config_file
-from recbole_freq.settings import (
+from recbole_freq.config.configurator import (
+    ConfigFileError,
+    FreqConfig,
+    properties_dir,
+    read_config_file,
+)
+from recbole_freq.config.settings import (
     UnknownSettingError,
     common_keys,
     keys_by_model,
@@ -217,7 +222,7 @@ def test_every_key_of_the_property_files_is_known():
 
 
 def test_keys_a_recbole_model_reads_only_in_its_code_are_known():
-    from recbole_freq.config import get_model_class
+    from recbole_freq.config.configurator import get_model_class
 
     # FEARec reads these in its source; its property file does not list them.
     assert {"contrast", "sim", "tau"} <= model_keys(get_model_class("FEARec"))
@@ -277,7 +282,7 @@ def test_a_dataset_without_validation_rows_is_refused(small_config, tmp_path, ca
 
 
 def test_users_too_short_for_validation_are_counted(small_config, tmp_path, caplog):
-    from recbole_freq.quick_start import run
+    from recbole_freq.quick_start.quick_start import run
 
     data_path = prepared(tmp_path, "mixed", [2] * 10 + [6] * 20)
     config = dict(small_config, data_path=data_path, epochs=1, MAX_ITEM_LIST_LENGTH=5)
@@ -398,7 +403,7 @@ def test_a_users_own_ml_100k_wins_over_recboles_bundled_copy(small_config, tmp_p
 
 @pytest.mark.parametrize("model", ["BPR", "FPMC", "TransRec"])
 def test_pairwise_models_get_their_negatives(small_config, model):
-    from recbole_freq.quick_start import run
+    from recbole_freq.quick_start.quick_start import run
 
     config = {
         k: v
@@ -500,7 +505,7 @@ def test_load_col_without_the_item_column_is_one_line(small_config, capsys):
     ],
 )
 def test_the_python_api_checks_its_arguments_in_one_line(small_config, kwargs, message):
-    from recbole_freq.quick_start import run
+    from recbole_freq.quick_start.quick_start import run
 
     arguments = {"model": "SASRec", "dataset": "tiny", "config_dict": small_config, **kwargs}
     with pytest.raises(ValueError, match=re.escape(message)):

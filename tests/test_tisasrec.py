@@ -21,7 +21,7 @@ from conftest import (
 from recbole_freq.model import BASELINES, RecDenoiser, TiSASRec
 from recbole_freq.model.layers import KeyValueRelations, attend, attention_probabilities
 from recbole_freq.model.temporal import time_interval_matrix
-from recbole_freq.quick_start import run
+from recbole_freq.quick_start.quick_start import run
 
 NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attn_dropout_prob": 0.0}
 GAPS = (1, 1, 2, 5, 30, 600, 3600, 86400)  # seconds: repeats, minutes, hours, days
@@ -260,7 +260,7 @@ def test_order_only_timestamps_are_reported(small_config, caplog):
 
 
 def test_recommend_reads_the_timestamps(timed_config):
-    from recbole_freq.recommend import user_inputs
+    from recbole_freq.jobs.recommend import user_inputs
 
     config, train, valid, test = prepare("TiSASRec", dict(timed_config), dataset="timed")
     model = TiSASRec(config, train._dataset).eval()

@@ -13,9 +13,8 @@ import yaml
 
 from conftest import SMALL_MODEL, main_with_ctrl_c_once
 from recbole_freq.cli import main
-from recbole_freq.config import FreqConfig, properties_dir
-from recbole_freq.quick_start import run
-from recbole_freq.tune import (
+from recbole_freq.config.configurator import FreqConfig, properties_dir
+from recbole_freq.jobs.tune import (
     HyperFileError,
     TuneSetupError,
     distinct_combinations,
@@ -25,6 +24,7 @@ from recbole_freq.tune import (
     trial_device_overrides,
     tune_model,
 )
+from recbole_freq.quick_start.quick_start import run
 
 EVERY_KEYWORD = """\
 # RecBole hyper file: every keyword
@@ -516,7 +516,7 @@ def test_a_resumed_search_continues_an_interrupted_trial_from_its_checkpoint(
 def test_resume_refuses_a_search_folder_others_could_have_written(tmp_path, small_config):
     import pickle
 
-    from recbole_freq.tune.search import SPEC_FILE
+    from recbole_freq.jobs.tune.search import SPEC_FILE
 
     folder = tmp_path / "results" / "planted"
     folder.mkdir(parents=True)

@@ -15,9 +15,9 @@ import recbole.trainer.trainer as trainer_module
 import torch
 from recbole.quick_start import load_data_and_model
 
-from recbole_freq.checkpoint import UntrustedCheckpointError, load_checkpoint
+from recbole_freq.checkpoint.loader import UntrustedCheckpointError, load_checkpoint
 from recbole_freq.cli import main
-from recbole_freq.quick_start import run
+from recbole_freq.quick_start.quick_start import run
 
 
 class Payload:
@@ -99,7 +99,7 @@ def trained_trainer(small_config, epochs=2):
     from recbole.data import create_dataset, data_preparation
     from recbole.utils import get_trainer
 
-    from recbole_freq.config import FreqConfig, get_model_class
+    from recbole_freq.config.configurator import FreqConfig, get_model_class
 
     config = FreqConfig("SASRec", "tiny", config_dict=dict(small_config, epochs=epochs))
     train, valid, test = data_preparation(config, create_dataset(config))
@@ -271,7 +271,7 @@ def test_config_sizes_that_do_not_fit_the_weights_build_nothing(
 def test_a_recorded_model_that_does_not_fit_the_weights_is_refused(
     genuine, tmp_path, capsys, recorded
 ):
-    from recbole_freq.config import get_model_class
+    from recbole_freq.config.configurator import get_model_class
 
     checkpoint = load_checkpoint(genuine["checkpoint"])  # SASRec weights
     checkpoint["config"]["model"] = recorded
@@ -290,7 +290,7 @@ def test_a_recorded_model_that_does_not_fit_the_weights_is_refused(
 
 
 def test_the_summary_names_the_weights_that_recommend_uses(genuine, tmp_path, capsys):
-    from recbole_freq.checkpoint import weights_fingerprint
+    from recbole_freq.checkpoint.loader import weights_fingerprint
 
     on_disk = load_checkpoint(genuine["checkpoint"])
     assert genuine["weights_sha256"] == weights_fingerprint(on_disk["state_dict"])
@@ -379,7 +379,7 @@ def test_a_config_dict_setting_runs_no_code(small_config, marker):
 
 
 def test_a_hyper_file_choice_runs_no_code(small_config, marker, tmp_path):
-    from recbole_freq.tune import TuneSetupError, tune_model
+    from recbole_freq.jobs.tune import TuneSetupError, tune_model
 
     hyper = tmp_path / "space.hyper"
     hyper.write_text(f'learning_rate choice ["{code_setting(marker)}", 0.001]\n')
@@ -493,7 +493,7 @@ def test_analyze_removes_no_other_programs_temporary_files(genuine, tmp_path):
 
 
 def test_an_output_that_is_a_device_or_a_link_is_refused_not_replaced(genuine, tmp_path, capsys):
-    from recbole_freq.files import OutputPathError, write_atomic
+    from recbole_freq.utils.files import OutputPathError, write_atomic
 
     link = tmp_path / "stdout"
     link.symlink_to("/proc/self/fd/1")
@@ -552,7 +552,7 @@ def test_a_checkpoint_holding_an_expanded_tensor_is_refused_before_it_is_touched
     ],
 )
 def test_a_checkpoint_value_of_the_wrong_shape_is_refused(genuine, tmp_path, key, value, message):
-    from recbole_freq.checkpoint import CheckpointError
+    from recbole_freq.checkpoint.loader import CheckpointError
 
     checkpoint = load_checkpoint(genuine["checkpoint"])
     checkpoint[key] = value
@@ -565,7 +565,7 @@ def test_a_checkpoint_value_of_the_wrong_shape_is_refused(genuine, tmp_path, key
 def test_analyze_on_a_full_disk_names_what_it_did_write(genuine, tmp_path, capsys, monkeypatch):
     import errno
 
-    import recbole_freq.files as files
+    import recbole_freq.utils.files as files
 
     original, calls = files._write_content, []
 
@@ -588,7 +588,7 @@ def test_analyze_on_a_full_disk_names_what_it_did_write(genuine, tmp_path, capsy
 def test_a_crafted_partial_run_of_a_comparison_runs_nothing(
     genuine, small_config, tmp_path, marker
 ):
-    from recbole_freq.compare import compare
+    from recbole_freq.jobs.compare import compare
 
     out = tmp_path / "cmp"
     craft(genuine["checkpoint"], tmp_path / "evil.pth", marker)

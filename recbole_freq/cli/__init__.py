@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from recbole_freq.cli.common import UsageError, report_error, report_interrupt
-from recbole_freq.signals import catch_sigterm
+from recbole_freq.utils.signals import catch_sigterm
 
 # The flag that selects a job other than training -> the job's command-line module.
 JOBS = ("--hyper_file", "--compare", "--analyze", "--recommend", "--evaluate")

@@ -1,5 +1,5 @@
 """``run_recbole_freq.py --analyze CKPT ...``: frequency analysis of trained checkpoints
-(``recbole_freq.analysis``)."""
+(``recbole_freq.jobs.analyze.measures``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from recbole_freq.cli.common import EXPECTED_ERRORS, CommandLineParser, report_error
-from recbole_freq.command import DEFAULT_MAX_SEQUENCES, invoked_command
-from recbole_freq.files import OutputWriteError, check_writable, write_atomic
+from recbole_freq.utils.command import DEFAULT_MAX_SEQUENCES, invoked_command
+from recbole_freq.utils.files import OutputWriteError, check_writable, write_atomic
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,9 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
 def cli(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     # Only now: the analysis loads torch, RecBole and matplotlib.
-    from recbole_freq.analysis import analyse_checkpoint, label_results
-    from recbole_freq.analysis_figures import write_figures
-    from recbole_freq.checkpoint import CheckpointError, UntrustedCheckpointError
+    from recbole_freq.checkpoint.loader import CheckpointError, UntrustedCheckpointError
+    from recbole_freq.jobs.analyze.figures import write_figures
+    from recbole_freq.jobs.analyze.measures import analyse_checkpoint, label_results
 
     out = Path(args.out or Path("analysis") / "_vs_".join(Path(p).stem for p in args.analyze))
     try:

@@ -15,9 +15,9 @@ import os
 import sys
 from pathlib import Path
 
-from recbole_freq.files import OutputWriteError
-from recbole_freq.memory import TrainingOutOfMemory
-from recbole_freq.signals import RunInterrupted, terminated
+from recbole_freq.quick_start.memory import TrainingOutOfMemory
+from recbole_freq.utils.files import OutputWriteError
+from recbole_freq.utils.signals import RunInterrupted, terminated
 
 # Usage and input errors (an unknown model, a dataset not prepared ... are ValueError or
 # FileNotFoundError) and environment failures.  Nothing here imports torch or RecBole, so

@@ -1,5 +1,5 @@
 """``run_recbole_freq.py --compare M1,M2``: models x seeds side by side
-(``recbole_freq.compare``)."""
+(``recbole_freq.jobs.compare``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from recbole_freq.cli.common import (
     report_error,
     split_config_files,
 )
-from recbole_freq.command import DEFAULT_DATASET, DEFAULT_SEEDS, invoked_command
-from recbole_freq.signals import RunInterrupted
+from recbole_freq.utils.command import DEFAULT_DATASET, DEFAULT_SEEDS, invoked_command
+from recbole_freq.utils.signals import RunInterrupted
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cli(argv: list[str]) -> int:
     parser = build_parser()
     args, overrides = parse_job_args(parser, argv)
-    from recbole_freq.compare import compare  # only now: it loads torch and RecBole
+    from recbole_freq.jobs.compare import compare  # only now: it loads torch and RecBole
 
     try:
         result = compare(

@@ -1,5 +1,5 @@
 """``run_recbole_freq.py --evaluate CKPT --under V ...``: test one trained checkpoint under
-several evaluation protocols (``recbole_freq.evaluate``)."""
+several evaluation protocols (``recbole_freq.jobs.evaluate``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import argparse
 import json
 
 from recbole_freq.cli.common import EXPECTED_ERRORS, CommandLineParser, report_error
-from recbole_freq.command import invoked_command
-from recbole_freq.files import check_output_file, write_atomic
+from recbole_freq.utils.command import invoked_command
+from recbole_freq.utils.files import check_output_file, write_atomic
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cli(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from recbole_freq.evaluate import evaluate_checkpoint, markdown  # loads torch, RecBole
+    from recbole_freq.jobs.evaluate import evaluate_checkpoint, markdown  # loads torch, RecBole
 
     try:
         if args.output:

@@ -1,5 +1,5 @@
 """``run_recbole_freq.py --recommend CKPT``: top-k recommendations of a trained checkpoint
-(``recbole_freq.recommend``)."""
+(``recbole_freq.jobs.recommend``)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import sys
 import numpy as np
 
 from recbole_freq.cli.common import EXPECTED_ERRORS, CommandLineParser, report_error
-from recbole_freq.command import RECOMMEND_CONTEXTS as CONTEXTS
-from recbole_freq.command import RECOMMEND_FORMATS as FORMATS
-from recbole_freq.command import invoked_command
-from recbole_freq.files import OutputWriteError, check_output_file, write_atomic
+from recbole_freq.utils.command import RECOMMEND_CONTEXTS as CONTEXTS
+from recbole_freq.utils.command import RECOMMEND_FORMATS as FORMATS
+from recbole_freq.utils.command import invoked_command
+from recbole_freq.utils.files import OutputWriteError, check_output_file, write_atomic
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +59,7 @@ def _users_to_read(model, config, splits, tokens, uids, args):
     interaction) is read from that interaction under ``next``; with ``--all_users`` the
     users with nothing to read (no interaction, or under ``test`` no test row) are left
     out and named in one line."""
-    from recbole_freq.recommend import single_item_histories, users_without_rows
+    from recbole_freq.jobs.recommend import single_item_histories, users_without_rows
 
     missing = users_without_rows(splits, uids, args.context)
     histories = {}
@@ -87,13 +87,13 @@ def _users_to_read(model, config, splits, tokens, uids, args):
 def cli(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     # Only now: the checkpoint and its dataset load torch and RecBole.
-    from recbole_freq.checkpoint import (
+    from recbole_freq.checkpoint.loader import (
         CheckpointError,
         UntrustedCheckpointError,
         describe_checkpoint,
         restore_model,
     )
-    from recbole_freq.recommend import (
+    from recbole_freq.jobs.recommend import (
         format_recommendations,
         known_users,
         load_raw_ids,

@@ -13,7 +13,7 @@ from recbole_freq.cli.common import (
     report_error,
     split_config_files,
 )
-from recbole_freq.command import DEFAULT_DATASET, DEFAULT_MODEL, invoked_command
+from recbole_freq.utils.command import DEFAULT_DATASET, DEFAULT_MODEL, invoked_command
 
 MODES_HELP = """\
 jobs (one per call):
@@ -86,7 +86,7 @@ def builtin_files_help() -> str:
     ``--hyper_file`` name them (no path: they work for an installed copy too)."""
     import textwrap
 
-    from recbole_freq.property_files import builtin_files
+    from recbole_freq.utils.property_files import builtin_files
 
     def listed(names):
         return textwrap.fill(
@@ -106,7 +106,7 @@ def builtin_files_help() -> str:
 def _default_job_files(args) -> list[str]:
     """With no model, dataset or config given, run the README's default job (its short
     budget); naming any of them, even the default ones, runs with the full budget."""
-    from recbole_freq.property_files import properties_dir
+    from recbole_freq.utils.property_files import properties_dir
 
     if args.model is None and args.dataset is None and not args.config_files:
         return [str(properties_dir() / "default_job.yaml")]
@@ -163,7 +163,7 @@ def cli(argv: list[str]) -> int:
             )
         )
     args, overrides = parse_job_args(parser, argv)
-    from recbole_freq.quick_start import SummaryNotWrittenError, resume_run, run
+    from recbole_freq.quick_start.quick_start import SummaryNotWrittenError, resume_run, run
 
     try:
         if args.resume:

@@ -1,4 +1,4 @@
-"""``run_recbole_freq.py --hyper_file FILE``: a Ray Tune search (``recbole_freq.tune``)."""
+"""``run_recbole_freq.py --hyper_file FILE``: a Ray Tune search (``recbole_freq.jobs.tune``)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from recbole_freq.cli.common import (
     report_error,
     split_config_files,
 )
-from recbole_freq.command import SEARCHES, invoked_command
-from recbole_freq.files import OutputWriteError, check_output_file, write_atomic
-from recbole_freq.signals import RunInterrupted
+from recbole_freq.utils.command import SEARCHES, invoked_command
+from recbole_freq.utils.files import OutputWriteError, check_output_file, write_atomic
+from recbole_freq.utils.signals import RunInterrupted
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,7 +85,7 @@ def cli(argv: list[str]) -> int:
     parser = build_parser()
     args, overrides = parse_job_args(parser, argv)
     # Only now: the search loads torch, RecBole and Ray.
-    from recbole_freq.tune import TrialsFailedError, default_search_name, tune_model
+    from recbole_freq.jobs.tune import TrialsFailedError, default_search_name, tune_model
 
     # Named here, so that an interrupt can name the search to resume.
     name = args.name or default_search_name(args.model, args.dataset)

@@ -35,7 +35,7 @@ from recbole_freq.model.temporal import (
     interval_time_field,
     report_interval_times,
 )
-from recbole_freq.options import as_number
+from recbole_freq.utils.options import as_number
 
 LOSS_TYPES = ("CE", "BPR")
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from recbole_freq.options import as_number
+from recbole_freq.utils.options import as_number
 
 SIMILARITIES = ("dot", "cos")
 

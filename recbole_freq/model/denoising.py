@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from recbole_freq.model.layers import Dropout, attend, attention_probabilities
-from recbole_freq.options import as_number, finite_non_negative
+from recbole_freq.utils.options import as_number, finite_non_negative
 
 MASK_ESTIMATORS = ("ARM", "AR")
 MASK_SAMPLING = ("batch", "sequence")

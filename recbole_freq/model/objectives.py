@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from recbole_freq.model.denoising import DenoisingMaskAttention
-from recbole_freq.options import finite_non_negative
+from recbole_freq.utils.options import finite_non_negative
 
 JACOBIAN_NORMALIZATIONS = ("entry", "position", "sequence")
 

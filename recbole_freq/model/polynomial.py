@@ -13,7 +13,7 @@ from recbole_freq.model.layers import (
     attention_probabilities,
     keeps_float32,
 )
-from recbole_freq.options import as_number, integer_option
+from recbole_freq.utils.options import as_number, integer_option
 
 
 def chebyshev_terms(matrix: torch.Tensor, values: torch.Tensor, order: int):

@@ -101,7 +101,7 @@ class ProtocolError(ValueError):
 
 
 def protocol_dir() -> Path:
-    from recbole_freq.property_files import properties_dir
+    from recbole_freq.utils.property_files import properties_dir
 
     return properties_dir() / "protocol"
 
@@ -123,7 +123,7 @@ def protocol_file(name) -> str:
 
 def protocol_defaults(name: str) -> dict:
     """The settings protocol ``name`` fixes (its property file)."""
-    from recbole_freq.config import read_config_file
+    from recbole_freq.config.configurator import read_config_file
 
     return read_config_file(protocol_file(name))
 

@@ -148,14 +148,14 @@ class ProtocolTrainer:
         )
 
     def evaluate(self, eval_data, load_best_model=True, model_file=None, show_progress=False):
-        """RecBole's evaluation; in a data-parallel run (``recbole_freq.distributed``)
+        """RecBole's evaluation; in a data-parallel run (``recbole_freq.quick_start.distributed``)
         global rank 0 evaluates every row and the others receive its result, so the
         metrics are one process's on the same weights."""
         self._eval_histories = getattr(eval_data._dataset, "protocol_histories", None)
         self._eval_data = eval_data
         if self.config["single_spec"] is not False:
             return super().evaluate(eval_data, load_best_model, model_file, show_progress)
-        from recbole_freq.distributed import broadcast_from_writer, writing_rank
+        from recbole_freq.quick_start.distributed import broadcast_from_writer, writing_rank
 
         result = None
         if writing_rank(self.config):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from recbole_freq.model.abstract_recommender import TransformerRecommender, config_value
-from recbole_freq.options import whole_number
+from recbole_freq.utils.options import whole_number
 
 
 class BSARec(TransformerRecommender):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from recbole_freq.model.abstract_recommender import TransformerRecommender, config_value
 from recbole_freq.model.contrastive import contrast_settings, nt_xent, two_augmented_views
-from recbole_freq.options import as_number
+from recbole_freq.utils.options import as_number
 
 
 class CL4SRec(TransformerRecommender):

@@ -11,7 +11,7 @@ from recbole_freq.model.abstract_recommender import TransformerRecommender, conf
 from recbole_freq.model.contrastive import SameTargetSampler
 from recbole_freq.model.objectives import DenoisingObjective
 from recbole_freq.model.polynomial import ChebyshevAttention
-from recbole_freq.options import as_number
+from recbole_freq.utils.options import as_number
 
 
 class PolyRec(TransformerRecommender):

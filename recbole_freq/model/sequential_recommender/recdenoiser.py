@@ -11,7 +11,7 @@ from recbole_freq.model.abstract_recommender import (
     config_value,
 )
 from recbole_freq.model.encoder import ATTENTION_OPERATORS
-from recbole_freq.options import whole_number
+from recbole_freq.utils.options import whole_number
 
 DENOISING_LOSSES = ("CE", "BPR", "BCE")
 

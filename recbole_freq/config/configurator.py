@@ -1,0 +1,510 @@
+"""RecBole ``Config`` that knows the plugin's models and property files.
+
+Priority, lowest first: RecBole's own defaults and built-in model yaml, then
+``properties/overall.yaml``, the protocol's file ``properties/protocol/<protocol>.yaml``
+(``recbole_freq.protocol``; the protocol is the last one named by the sources below, in
+their priority), the plugin model's yaml,
+``properties/dataset/<dataset>.yaml``, the user's ``config_files`` in order, the
+``config_dict`` and finally the command-line overrides.  Unlike RecBole's ``Config``,
+command-line overrides are passed in explicitly and ``sys.argv`` is never read, so flags
+of other programs (Ray workers, pytest) cannot leak into a configuration.
+
+Every key the user gives must be one that something reads, with a value of the right type
+(``recbole_freq.config.settings``).  yaml files are read with a safe loader (RecBole's own is
+``FullLoader``, which resolves ``!!python/name`` tags to live objects), and a file that is
+malformed, not a mapping or unreadable is one clear error naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import yaml
+from recbole.config import Config
+from recbole.utils import ModelType
+
+from recbole_freq.model import MODELS
+from recbole_freq.protocol import DEFAULT_PROTOCOL, protocol_file
+from recbole_freq.utils.property_files import (  # noqa: F401  (their names here before)
+    builtin_files,
+    find_config_file,
+    properties_dir,
+)
+
+
+class UnknownModelError(ValueError):
+    pass
+
+
+RECBOLE_MODEL_PACKAGES = (
+    "sequential_recommender",
+    "general_recommender",
+    "context_aware_recommender",
+    "knowledge_aware_recommender",
+)
+
+
+def _recbole_has_model(name: str) -> bool:
+    # Looks up module names without importing recbole.model.exlib_recommender, whose
+    # import needs the optional xgboost and lightgbm.
+    import importlib
+    import pkgutil
+
+    for package in RECBOLE_MODEL_PACKAGES:
+        module = importlib.import_module(f"recbole.model.{package}")
+        if any(info.name == name.lower() for info in pkgutil.iter_modules(module.__path__)):
+            return True
+    return False
+
+
+def get_model_class(name):
+    """Plugin model class by name, else RecBole's built-in of that name."""
+    if not isinstance(name, str):
+        return name
+    if name in MODELS:
+        return MODELS[name]
+    if _recbole_has_model(name):
+        from recbole.utils import get_model
+
+        try:
+            return get_model(name)
+        except AttributeError:  # module exists, class spelled differently
+            pass
+    raise UnknownModelError(
+        f"unknown model {name!r}. Plugin models: {', '.join(sorted(MODELS))}; or any "
+        "RecBole built-in, e.g. SASRec, BERT4Rec, GRU4Rec, Caser, FEARec "
+        "(names are case-sensitive)"
+    )
+
+
+def property_files(model_name: str, dataset: str | None, paper: bool = False) -> list[str]:
+    """Plugin property files that apply to this model and dataset, lowest priority first."""
+    root = properties_dir()
+    candidates = [root / "overall.yaml", root / "model" / f"{model_name}.yaml"]
+    if dataset:
+        candidates.append(root / "dataset" / f"{dataset}.yaml")
+    files = [str(path) for path in candidates if path.is_file()]
+    if paper:
+        if paper_file(model_name, dataset) is None:
+            available = sorted(p.stem for p in (root / "paper" / model_name).glob("*.yaml"))
+            raise ValueError(
+                f"no paper settings for {model_name} on {dataset!r}; available: "
+                f"{', '.join(available) or 'none'}"
+            )
+        files.append(str(paper_file(model_name, dataset)))
+    return files
+
+
+def paper_file(model_name: str, dataset: str | None) -> Path | None:
+    """The paper's settings for this model and dataset (``properties/paper/``), if any."""
+    path = properties_dir() / "paper" / model_name / f"{dataset}.yaml"
+    return path if dataset and path.is_file() else None
+
+
+# Settings of a denoiser's paper file that only the denoiser reads; its backbone alone,
+# the reference of a like-for-like comparison, gets every other setting of the file.
+DENOISER_ONLY_SETTINGS = (
+    "backbone",
+    "attention_operator",
+    "estimator",
+    "sparsity_beta",
+    "sparsity_normalization",
+    "mask_per_head",
+    "mask_sampling",
+    "mask_init_prob",
+    "mask_learning_rate",
+    "jacobian_gamma",
+    "jacobian_projections",
+    "jacobian_normalization",
+)
+
+
+def paper_reference_settings(denoiser: str, dataset: str) -> dict:
+    """The settings of ``denoiser``'s paper file for ``dataset`` (RecDenoiser,
+    BERT4RecDenoiser) that its backbone model alone shares: protocol, sizes, optimiser,
+    every key but the denoiser's own (``DENOISER_ONLY_SETTINGS``).  SASRec beside
+    RecDenoiser gets them, so that the pair differs only in the denoiser."""
+    path = paper_file(denoiser, dataset)
+    if path is None:
+        raise ConfigFileError(f"no paper settings for {denoiser} on {dataset!r}")
+    settings = read_config_file(path)
+    return {key: value for key, value in settings.items() if key not in DENOISER_ONLY_SETTINGS}
+
+
+def chosen_protocol(files, config_dict, cmd_overrides) -> str:
+    """The protocol a configuration asks for, with the configuration's own priority: the
+    command line, then ``config_dict``, then the last file that names one (user files
+    after the paper file, after the model and dataset files, after ``overall.yaml``)."""
+    for source in (cmd_overrides, config_dict):
+        if source.get("protocol") is not None:
+            return source["protocol"]
+    for path in reversed(files):
+        value = read_config_file(path).get("protocol")
+        if value is not None:
+            return value
+    return DEFAULT_PROTOCOL
+
+
+class ConfigFileError(ValueError):
+    """A config file that cannot be read as a yaml mapping of settings."""
+
+
+class SafeConfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` (no Python tags) with RecBole's float resolver, so that
+    ``1e-3`` is a float as in RecBole's own loader, and no duplicate keys: yaml keeps the
+    last of two, so a setting given twice silently lost its first value."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            lines = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = lines.get(key)
+                except TypeError:  # an unhashable key: yaml's own error follows
+                    continue
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"{key!r} is given twice (first on line {first + 1}); yaml would keep "
+                        "only the last: give each setting once",
+                        key_node.start_mark,
+                    )
+                lines[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
+# Values a config file may expand to through yaml aliases (a "billion laughs" file is a
+# few lines that expand to billions).
+MAX_CONFIG_VALUES = 100_000
+
+
+def _expanded_size(node, path) -> int:
+    """How many values ``node`` stands for once its aliases are expanded;
+    ``ConfigFileError`` beyond ``MAX_CONFIG_VALUES`` or for a recursive alias."""
+    sizes, on_path = {}, set()
+
+    def size(current) -> int:
+        key = id(current)
+        if key in sizes:
+            return sizes[key]
+        if key in on_path:
+            raise ConfigFileError(f"config file {path}: a yaml alias refers to itself")
+        on_path.add(key)
+        total = 1
+        if isinstance(current, yaml.SequenceNode):
+            total += sum(size(child) for child in current.value)
+        elif isinstance(current, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in current.value)
+        on_path.discard(key)
+        if total > MAX_CONFIG_VALUES:
+            raise ConfigFileError(
+                f"config file {path}: its yaml aliases expand to more than "
+                f"{MAX_CONFIG_VALUES:,} values; a settings file never needs that many"
+            )
+        sizes[key] = total
+        return total
+
+    return size(node)
+
+
+SafeConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+][0-9]+)?
+        |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def read_config_file(path) -> dict:
+    """The settings of one yaml config file; ``ConfigFileError`` in one line otherwise."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise ConfigFileError(f"config file {path}: cannot be read ({reason})") from error
+    loader = SafeConfigLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            _expanded_size(node, path)
+        loaded = loader.construct_document(node) if node is not None else None
+    except RecursionError as error:
+        raise ConfigFileError(f"config file {path}: nested too deeply to be settings") from error
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f", line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        if "python/" in str(error):
+            problem = "Python tags (!!python/...) are not allowed in config files"
+        raise ConfigFileError(f"config file {path}{where}: {problem}") from error
+    finally:
+        loader.dispose()
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict) or not all(isinstance(key, str) for key in loaded):
+        raise ConfigFileError(
+            f"config file {path} holds a {type(loaded).__name__}, not a mapping of settings "
+            "(write one `key: value` per line)"
+        )
+    return loaded
+
+
+def check_api_arguments(model, dataset, config_files, config_dict, cmd_overrides) -> None:
+    """The Python API's arguments, checked as the command line checks its flags: one
+    ``ValueError`` naming the argument, not an ``AttributeError`` from deep inside."""
+    from recbole.model.abstract_recommender import AbstractRecommender
+
+    if not (
+        isinstance(model, str)
+        or (isinstance(model, type) and issubclass(model, AbstractRecommender))
+    ):
+        raise ValueError(f"model must be a model name such as 'BSARec' or 'SASRec', got {model!r}")
+    if dataset is not None and not isinstance(dataset, str):
+        raise ValueError(f"dataset must be a dataset name such as 'lastfm', got {dataset!r}")
+    if config_files is not None and (
+        isinstance(config_files, (str, bytes))
+        or not isinstance(config_files, (list, tuple))
+        or not all(isinstance(name, (str, os.PathLike)) for name in config_files)
+    ):
+        hint = f" (for one file: [{config_files!r}])" if isinstance(config_files, str) else ""
+        raise ValueError(
+            f"config_files must be a list of yaml file paths, got {config_files!r}{hint}"
+        )
+    for name, value in (("config_dict", config_dict), ("cmd_overrides", cmd_overrides)):
+        if value is not None and (
+            not isinstance(value, dict) or not all(isinstance(key, str) for key in value)
+        ):
+            raise ValueError(
+                f"{name} must be a dict of settings such as {{'epochs': 10}}, got "
+                f"{type(value).__name__} {str(value)[:60]}"
+            )
+
+
+def check_name_component(name, what: str) -> None:
+    """``name`` becomes part of file names (checkpoints, logs, folders): it must be one
+    path component, so that no file is written outside the folder it belongs to."""
+    if name is None:
+        return
+    text = str(name)
+    if not text or text in (".", "..") or "/" in text or "\\" in text or "\0" in text:
+        raise ValueError(
+            f"{what} {text!r} must be a plain name (no '/', '\\', '.' or '..'): it names "
+            "files and folders"
+        )
+
+
+def parse_device(value, where: str = "--device"):
+    """``torch.device`` for ``value`` (cpu, cuda, cuda:N ...); ``ValueError`` in one line
+    for a name torch does not know or a device this machine does not have."""
+    import torch
+
+    try:
+        device = torch.device(str(value))
+    except (RuntimeError, ValueError) as error:
+        raise ValueError(f"{where}={value!r} is not a device: use cpu, cuda or cuda:N") from error
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"{where}={value!r}: torch sees no CUDA device on this machine; use cpu"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"{where}={value!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+    elif device.type != "cpu" and not getattr(torch, device.type, None):
+        raise ValueError(f"{where}={value!r}: torch has no {device.type} backend here")
+    return device
+
+
+def _stderr_is_a_terminal() -> bool:
+    try:
+        return sys.stderr is not None and sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed streams
+        return False
+
+
+class FreqConfig(Config):
+    """``recbole.config.Config`` plus the plugin's models and property files."""
+
+    __module__ = "recbole_freq.config"  # its pickled name since 0.1.0 (package re-export)
+
+    def __init__(
+        self,
+        model=None,
+        dataset=None,
+        config_file_list=None,
+        config_dict=None,
+        cmd_overrides=None,
+        paper=False,
+        shared_with=(),
+    ):
+        """``shared_with``: names of other models given the same settings (a comparison):
+        a setting that one of them reads is accepted for this one too."""
+        check_api_arguments(model, dataset, config_file_list, config_dict, cmd_overrides)
+        self._cmd_overrides = dict(cmd_overrides or {})
+        check_name_component(dataset, "dataset name")
+        self._shared_with = tuple(get_model_class(name) for name in shared_with)
+        model_class = get_model_class(model)
+        files = property_files(model_class.__name__, dataset, paper)
+        user_files = [str(find_config_file(path)) for path in config_file_list or []]
+        given_dict = dict(config_dict or {})
+        protocol = chosen_protocol(files + user_files, given_dict, self._cmd_overrides)
+        files.insert(1, protocol_file(protocol))
+        self._property_file_count = len(files)
+        self._user_file_keys: dict[str, str] = {}
+        files += user_files
+        super().__init__(
+            model=model_class, dataset=dataset, config_file_list=files, config_dict=config_dict
+        )
+        self._check_user_settings(model_class, given_dict)
+
+    def _build_yaml_loader(self):
+        return SafeConfigLoader
+
+    def _set_default_parameters(self):
+        from recbole_freq.config.settings import metrics_problem
+
+        # RecBole's own checks of these end in a NotImplementedError or a KeyError.
+        problem = metrics_problem(self.final_config_dict)
+        if problem:
+            raise ValueError(problem)
+        super()._set_default_parameters()
+
+    def _load_config_files(self, file_list):
+        merged = {}
+        for index, path in enumerate(file_list or []):
+            values = read_config_file(path)
+            merged.update(values)
+            if index >= self._property_file_count:
+                self._user_file_keys.update({key: str(path) for key in values})
+        return merged
+
+    def _load_cmd_line(self):
+        return self._convert_config_dict(dict(self._cmd_overrides))
+
+    # RecBole's own default for models trained on (positive, negative) pairs.
+    PAIRWISE_NEGATIVES = {
+        "distribution": "uniform",
+        "sample_num": 1,
+        "alpha": 1.0,
+        "dynamic": False,
+        "candidate_num": 0,
+    }
+
+    def _sample_negatives_for_pairwise_losses(self, given: dict) -> None:
+        """The shared protocol samples no training negatives (``train_neg_sample_args:
+        ~``, right for CE); a pairwise model (BPR, FPMC, TransRec, ``loss_type: BPR``)
+        then failed with ``KeyError: 'neg_item_id'``.  It gets RecBole's own default (one
+        uniform negative) unless the user asked for none, which is refused."""
+        from recbole.utils import InputType
+
+        sampled = self.final_config_dict["train_neg_sample_args"]["distribution"] != "none"
+        pairwise = self.final_config_dict.get("MODEL_INPUT_TYPE") == InputType.PAIRWISE
+        # A CE loss scores all items and reads no negatives, whatever the input type.
+        if not pairwise or sampled or self.final_config_dict.get("loss_type") == "CE":
+            return
+        if "train_neg_sample_args" in given:
+            raise ValueError(
+                f"{self.model} trains on (positive, negative) pairs, but "
+                f"train_neg_sample_args ({given['train_neg_sample_args'][0]}) samples no "
+                "negatives; give e.g. train_neg_sample_args: {distribution: uniform, "
+                "sample_num: 1}"
+            )
+        self.final_config_dict["train_neg_sample_args"] = dict(self.PAIRWISE_NEGATIVES)
+
+    def _read_pre_split_files(self, given: dict) -> None:
+        """``benchmark_filename`` (RecBole's pre-split dataset: one file per part, for a
+        sequential model one row per prefix) needs every column of those files, not the
+        plugin's ``load_col`` for plain interactions, and the input lists' items in the
+        targets' id space (``alias_of_item_id``), else RecBole numbers them apart and
+        every input is another item.  Both unless the user set them."""
+        parts = self.final_config_dict.get("benchmark_filename")
+        if not parts:
+            return
+        if isinstance(parts, str) or len(parts) != 3:
+            raise ValueError(
+                f"benchmark_filename {parts!r}: give the three parts in order, e.g. "
+                "[train, valid, test] for <dataset>.train.inter, .valid.inter, .test.inter"
+            )
+        if "load_col" not in given:
+            self.final_config_dict["load_col"] = None  # every column of the files
+        list_field = self.final_config_dict["ITEM_ID_FIELD"] + self.final_config_dict["LIST_SUFFIX"]
+        sequential = self.final_config_dict["MODEL_TYPE"] == ModelType.SEQUENTIAL
+        if sequential and "alias_of_item_id" not in given:
+            self.final_config_dict["alias_of_item_id"] = [list_field]
+
+    def _load_real_times(self, given: dict) -> None:
+        """A model with time intervals reads the source's real times
+        (``REAL_TIME_FIELD``, the ``real_time`` column of dataset_prep's raw logs) when
+        the interaction file has them: the column joins the plugin's ``load_col``.  A
+        ``load_col`` the user gave is kept as given."""
+        settings = self.final_config_dict
+        field, load_col = settings.get("REAL_TIME_FIELD"), settings.get("load_col")
+        if settings.get("time_intervals") is not True or not field or "load_col" in given:
+            return
+        if not isinstance(load_col, dict) or not isinstance(load_col.get("inter"), list):
+            return
+        if field in load_col["inter"]:
+            return
+        from recbole_freq.data.guard import inter_columns, inter_files
+
+        try:
+            columns = inter_columns(inter_files(self)[0], settings.get("field_separator"))
+        except OSError:
+            return  # not prepared: the run stops at its dataset check
+        if field in columns:
+            settings["load_col"] = dict(load_col, inter=[*load_col["inter"], field])
+
+    def _check_user_settings(self, model_class, given_dict: dict) -> None:
+        """Every key the user gave is read by something and has the right type; a
+        ``model:`` or ``dataset:`` that disagrees with the chosen one is refused."""
+        from recbole_freq.config.settings import IDENTITY_KEYS, check_user_settings
+
+        given = {
+            key: (f"config file {path}", self.file_config_dict[key])
+            for key, path in self._user_file_keys.items()
+        }
+        given.update({key: ("config_dict", self.variable_config_dict[key]) for key in given_dict})
+        given.update(
+            {key: ("command line", self.cmd_config_dict[key]) for key in self._cmd_overrides}
+        )
+        for key in IDENTITY_KEYS:
+            if key in given and given[key][1] != self.final_config_dict[key]:
+                where, value = given[key]
+                chosen = model_class.__name__ if key == "model" else self.dataset
+                raise ValueError(
+                    f"{where} sets {key}: {value} but this run's {key} is {chosen}; give the "
+                    f"{key} in one place (--{key}={value} on the command line)"
+                )
+        check_user_settings(model_class, given, self._shared_with)
+        self._sample_negatives_for_pairwise_losses(given)
+        self._read_pre_split_files(given)
+        if "data_path" in given and self.dataset == "ml-100k":
+            # RecBole points ml-100k at its bundled copy whatever data_path says; a
+            # user's own prepared ml-100k must win.
+            self.final_config_dict["data_path"] = os.path.join(
+                str(given["data_path"][1]), self.dataset
+            )
+        self._load_real_times(given)
+        if "show_progress" not in given:
+            # Progress bars redraw a terminal line; in a log file or a pipe each redraw is
+            # a line of its own (hundreds per epoch).
+            self.final_config_dict["show_progress"] = _stderr_is_a_terminal()
+        if "device" in given:
+            # RecBole derives the device from gpu_id alone and drops a given one.
+            where, value = given["device"]
+            self.final_config_dict["device"] = parse_device(value, f"device ({where})")

@@ -1,0 +1,1 @@
+"""The data guard (prepared atomic files, fingerprints) and training-data noise."""

@@ -1,0 +1,368 @@
+"""Side-by-side comparison of several models over several seeds (``--compare``).
+
+Every model is trained by :func:`recbole_freq.quick_start.run`, i.e. on the same prepared
+split and evaluation protocol (``properties/overall.yaml``), each with its own property
+file, once per seed.  The results are summarised as in the papers' main tables (BSARec
+Table 2, FMLP-Rec Table 2, Rec-Denoiser Table 2): mean ± std over seeds per metric, the
+relative improvement of each proposed model over the best baseline per metric (the
+"Improv." row), a paired t-test across seeds against that baseline, and the training time
+per epoch and parameter count (BSARec Table 4, FMLP-Rec Table 8)::
+
+    python run_recbole_freq.py --compare BSARec,SASRec,BERT4Rec,FEARec \\
+        --dataset=amazon-beauty --seeds 2024,2025,2026 --epochs=200
+
+Each finished run is stored at once as ``<out>/runs/<model>-seed<seed>.json``; a repeated
+command skips the runs already stored (so an interrupted comparison resumes), provided they
+were made with the same dataset, config files and overrides.  Outputs:
+``<out>/comparison.csv``, ``<out>/comparison.md``, ``<out>/comparison.png`` and
+``<out>/runs.csv`` (one row per run).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recbole_freq.jobs.compare.runs import (
+    DEFAULT_SEEDS,
+    RESERVED_OVERRIDES,
+    ComparisonError,
+    check_out_dir,
+    entry_name,
+    load_run,
+    lock_out_dir,
+    run_file,
+    run_on_ray,
+    run_protocol_label,
+    run_sequential,
+    run_settings,
+    split_entry,
+    stored_label_differences,
+    validate,
+)
+from recbole_freq.jobs.compare.tables import (
+    CORRECTIONS,
+    add_per_user_tests,
+    builtin_settings_note,
+    choose_metrics,
+    csv_text,
+    improvement,
+    markdown_table,
+    paired_p_value,
+    protocol_note,
+    protocol_side_by_side,
+    published_figures,
+    published_section,
+    runs_csv_text,
+    save_plot,
+    summarise,
+)
+from recbole_freq.model import BASELINES, MODELS
+from recbole_freq.protocol import comparable_label, protocol_file
+from recbole_freq.quick_start.distributed import data_parallel_settings
+from recbole_freq.utils.command import invoked_command
+from recbole_freq.utils.files import check_writable, write_atomic
+
+# ---------------------------------------------------------------------------- API
+
+
+def _paper_models(
+    models, dataset, overrides: dict, protocols, mixed: bool = False
+) -> tuple[list[str], dict]:
+    """The models with paper settings for ``dataset``, and the settings of the others that
+    are a denoiser's backbone (SASRec beside RecDenoiser, BERT4Rec beside BERT4RecDenoiser:
+    ``config.paper_reference_settings``, so each pair differs only in the denoiser); sets
+    ``overrides["protocol"]`` to the protocol the paper files name when none is given.
+    Paper files that name different protocols need one given, or ``mixed`` (each model
+    then runs under its own paper file's protocol, and each row names it)."""
+    from recbole_freq.config.configurator import (
+        get_model_class,
+        paper_file,
+        paper_reference_settings,
+        read_config_file,
+    )
+
+    classes = {m: get_model_class(m) for m in models}
+    files = {m: paper_file(classes[m].__name__, dataset) for m in models}
+    paper_models = [m for m, path in files.items() if path is not None]
+    if not paper_models:
+        raise ComparisonError(
+            f"--paper: none of {', '.join(models)} has paper settings for {dataset!r} "
+            "(properties/paper/<model>/<dataset>.yaml)"
+        )
+    named = {read_config_file(files[m]).get("protocol") for m in paper_models} - {None}
+    if "protocol" not in overrides and protocols is None and named:
+        if len(named) == 1:
+            overrides["protocol"] = named.pop()
+        elif not mixed:
+            raise ComparisonError(
+                f"--paper: the paper files name different protocols ({', '.join(sorted(named))}); "
+                "choose one with --protocol, or add --mixed_protocols to run each model under "
+                "its own paper file's protocol in one table"
+            )
+    references = {}
+    for model in models:
+        if model in paper_models:
+            continue
+        for denoiser in paper_models:
+            if getattr(classes[denoiser], "default_backbone", None) == classes[model].__name__:
+                references[model] = paper_reference_settings(classes[denoiser].__name__, dataset)
+                break
+    return paper_models, references
+
+
+def check_protocols(records: dict, entries, seeds, mixed: bool) -> dict:
+    """Each entry's protocol label; ``ComparisonError`` when the entries of one table were
+    made under different protocols, unless ``mixed`` (then each row names its own).
+    Labels that differ only in model pieces (a model's own ``train_loss``) are one
+    protocol."""
+    labels = {}
+    for entry in entries:
+        found = {run_protocol_label(records[(entry, seed)]) for seed in seeds}
+        labels[entry] = " / ".join(sorted(found))
+    if len({comparable_label(label) for label in labels.values()}) > 1 and not mixed:
+        listing = "; ".join(f"{split_entry(e)[0]}: {label}" for e, label in labels.items())
+        raise ComparisonError(
+            f"these runs were made under different protocols ({listing}), so their numbers "
+            "are not comparable; rerun them under one protocol, use --protocols to show each "
+            "model under several side by side, or pass --mixed_protocols to table them anyway"
+        )
+    return labels
+
+
+def _parse_list(value, name) -> list[str]:
+    items = value.split(",") if isinstance(value, str) else list(value)
+    items = [str(item).strip() for item in items if str(item).strip()]
+    if not items:
+        raise ComparisonError(f"{name} is empty")
+    if len(set(items)) != len(items):
+        raise ComparisonError(f"{name} lists an entry twice: {', '.join(items)}")
+    return items
+
+
+def _parse_seeds(seeds) -> list[int]:
+    values = []
+    for item in _parse_list(seeds, "--seeds"):
+        try:
+            values.append(int(item))
+        except ValueError as error:
+            raise ComparisonError(
+                f"seed {item!r} is not an integer (--seeds 2024,2025,2026)"
+            ) from error
+    return values
+
+
+def compare(
+    models,
+    dataset: str,
+    seeds=DEFAULT_SEEDS,
+    config_files=None,
+    overrides: dict | None = None,
+    out=None,
+    baselines=None,
+    metrics=None,
+    use_ray: bool = False,
+    protocols=None,
+    mixed_protocols: bool = False,
+    paper: bool = False,
+    correction: str = "holm",
+    cpus_per_run: float = 1.0,
+    gpus_per_run: float = 0.0,
+    ray_address: str | None = None,
+    log=print,
+) -> dict:
+    """Train ``models`` x ``seeds`` on ``dataset`` (skipping runs already stored in ``out``)
+    and write the comparison tables and plot.
+
+    ``baselines``: the models the "Improv." row compares against; by default the RecBole
+    built-ins among ``models`` (the others, i.e. plugin models, are "proposed").
+    ``protocols``: train and test every model under each of these protocols (one table
+    per protocol, and a side-by-side table of each model under all of them).  Without it
+    every run uses the configured protocol.  Runs of different protocols are never put
+    into one table (``ComparisonError``) unless ``mixed_protocols``.
+    ``paper``: each model that has paper settings for ``dataset`` (``properties/paper/``)
+    gets them, as ``--paper`` does for one run; a denoiser's backbone beside it (SASRec
+    beside RecDenoiser) gets the same settings but the denoiser's own; the others keep
+    their defaults.  Unless a protocol is given, every model runs under the protocol those
+    paper files name.
+    ``correction``: ``holm`` or ``bh``, for the per-user significance tests (paired
+    Wilcoxon and t across users against the best baseline, ``tables.add_per_user_tests``)
+    beside the across-seed paired t-test.
+    Returns ``rows`` (one dict per model, as in ``comparison.csv``), ``markdown``,
+    ``files``, and the ``trained`` and ``skipped`` (model, seed) pairs.
+    """
+    from recbole_freq.config.configurator import get_model_class
+
+    if correction not in CORRECTIONS:
+        raise ComparisonError(f"--correction {correction!r}: choose holm or bh")
+    models = _parse_list(models, "--compare")
+    seeds = _parse_seeds(seeds)
+    overrides = dict(overrides or {})
+    if protocols is not None:
+        protocols = _parse_list(protocols, "--protocols")
+        if "protocol" in overrides:
+            raise ComparisonError(
+                "give the protocol once: --protocols for several, or --protocol for one"
+            )
+        for protocol in protocols:
+            protocol_file(protocol)  # ProtocolError names the protocols
+    reserved = [key for key in RESERVED_OVERRIDES if key in overrides]
+    if reserved:
+        raise ComparisonError(
+            f"--{reserved[0]} cannot be an override of a comparison: give models with "
+            "--compare, the dataset with --dataset and seeds with --seeds"
+        )
+    for model in models:
+        get_model_class(model)  # UnknownModelError names the known models
+    if baselines is None:
+        baselines = [model for model in models if model not in MODELS or model in BASELINES]
+    else:
+        baselines = _parse_list(baselines, "--baselines")
+        unknown = [model for model in baselines if model not in models]
+        if unknown:
+            raise ComparisonError(
+                f"baseline(s) {', '.join(unknown)} are not among the compared models "
+                f"({', '.join(models)})"
+            )
+    if not use_ray and (cpus_per_run != 1.0 or gpus_per_run != 0.0 or ray_address):
+        raise ComparisonError("--cpus_per_run, --gpus_per_run and --ray_address need --ray")
+    if cpus_per_run <= 0 or gpus_per_run < 0:
+        raise ComparisonError("--cpus_per_run must be > 0 and --gpus_per_run >= 0")
+    out = Path(out) if out is not None else Path("comparisons") / dataset
+    config_files = list(config_files or [])
+
+    paper_models, references = (
+        _paper_models(models, dataset, overrides, protocols, mixed_protocols) if paper else ([], {})
+    )
+    settings = run_settings(dataset, config_files, overrides)
+    if protocols is not None:
+        settings["protocols"] = protocols
+    if paper:
+        settings["paper"] = True
+    if references:
+        settings["paper_references"] = references
+        for model in references:
+            log(f"--paper: {model} gets the backbone settings of its denoiser's paper file")
+    configs, expected_labels = validate(
+        models, dataset, config_files, overrides, seeds, protocols or [None], paper_models,
+        references,
+    )  # fmt: skip
+    config = next(iter(configs.values()))
+    parallel = data_parallel_settings(config)
+    if use_ray and parallel is not None:
+        raise ComparisonError(
+            "--ray runs the comparison's trainings side by side, one process each; nproc "
+            "and world_size (data-parallel training) work without --ray"
+        )
+    if parallel is not None and parallel["world_size"] > parallel["nproc"]:
+        raise ComparisonError(
+            f"world_size={parallel['world_size']} spans machines; a comparison trains on "
+            "this machine's processes (nproc alone): train each model with "
+            f"{invoked_command()} on every machine instead"
+        )
+    metrics = choose_metrics(None if metrics is None else _parse_list(metrics, "--metrics"), config)
+    check_writable(out, "--out")
+    lock = lock_out_dir(out)  # two comparisons into one folder would mix their runs
+    try:
+        check_out_dir(out, settings)
+
+        entries = [entry_name(m, p) for m in models for p in (protocols or [None])]
+        for line in stored_label_differences(out, entries, seeds, expected_labels):
+            log(f"note: {line}")
+        jobs = [(e, s) for e in entries for s in seeds if not run_file(out, e, s).is_file()]
+        skipped = [(e, s) for e in entries for s in seeds if (e, s) not in jobs]
+        if skipped:
+            log(f"{len(skipped)} run(s) already stored in {out / 'runs'}: skipped")
+        try:
+            if jobs and use_ray:
+                ray_options = dict(
+                    address=ray_address, cpus_per_run=cpus_per_run, gpus_per_run=gpus_per_run
+                )
+                trained = run_on_ray(
+                    jobs, dataset, config_files, overrides, out, settings, log, ray_options, models,
+                    paper_models, references,
+                )  # fmt: skip
+            elif jobs:
+                trained = run_sequential(
+                    jobs, dataset, config_files, overrides, out, settings, log, tuple(models),
+                    paper_models, references,
+                )  # fmt: skip
+            else:
+                trained = []
+        except KeyboardInterrupt as interrupt:
+            from recbole_freq.quick_start.quick_start import RunInterrupted
+
+            stored = sum(run_file(out, e, s).is_file() for e in entries for s in seeds)
+            partial = sorted((out / "partial").glob("*.resume.pth"))
+            kept = f"{stored} of {len(entries) * len(seeds)} runs are stored in {out / 'runs'}"
+            if partial:
+                kept += f"; the unfinished run keeps its completed epochs in {partial[0]}"
+            raise RunInterrupted(kept) from interrupt
+
+        records = {(e, s): load_run(run_file(out, e, s)) for e in entries for s in seeds}
+        # Baselines first, as in the papers' tables; given order within each group.
+        ordered = [m for m in models if m in baselines] + [m for m in models if m not in baselines]
+        rows, plot_rows, sections = [], [], []
+        for protocol in protocols or [None]:
+            group = [entry_name(m, protocol) for m in ordered]
+            labels = check_protocols(records, group, seeds, mixed_protocols)
+            group_rows = summarise(
+                records, group, seeds, metrics, {entry_name(m, protocol) for m in baselines}
+            )
+            add_per_user_tests(group_rows, records, seeds, metrics, correction)
+            for row in group_rows:
+                plot_rows.append(dict(row))  # named by entry: a model under each protocol
+                row["protocol"] = labels[row["model"]]
+                row["model"] = split_entry(row["model"])[0]
+            rows += group_rows
+            note = protocol_note(configs[protocol], sorted(set(labels.values())))
+            note += builtin_settings_note(records, group, seeds)
+            figures = published_figures(dataset, labels.values())
+            sections.append(
+                markdown_table(group_rows, metrics, dataset, seeds, note, correction)
+                + published_section(group_rows, metrics, figures, seeds)
+            )
+        if protocols:
+            sections = [
+                f"## Protocol {protocol}\n\n{section}"
+                for protocol, section in zip(protocols, sections)
+            ]
+            sections.insert(0, protocol_side_by_side(rows, metrics, seeds, protocols))
+        markdown = "\n".join(sections)
+        files = {
+            "csv": out / "comparison.csv",
+            "markdown": out / "comparison.md",
+            "plot": out / "comparison.png",
+            "runs_csv": out / "runs.csv",
+        }
+        write_atomic(files["csv"], csv_text(rows))
+        write_atomic(files["markdown"], markdown)
+        entries_in_order = [row["model"] for row in plot_rows]
+        write_atomic(files["runs_csv"], runs_csv_text(records, entries_in_order, seeds, metrics))
+        save_plot(files["plot"], plot_rows, metrics, dataset, seeds)
+        return {
+            "rows": rows,
+            "markdown": markdown,
+            "files": files,
+            "trained": trained,
+            "skipped": skipped,
+            "metrics": metrics,
+            "baselines": [m for m in ordered if m in baselines],
+        }
+    finally:
+        lock.release()
+
+
+__all__ = [
+    "DEFAULT_SEEDS",
+    "RESERVED_OVERRIDES",
+    "ComparisonError",
+    "compare",
+    "csv_text",
+    "improvement",
+    "markdown_table",
+    "paired_p_value",
+    "run_settings",
+    "runs_csv_text",
+    "save_plot",
+    "summarise",
+]

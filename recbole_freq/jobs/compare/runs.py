@@ -1,0 +1,452 @@
+"""The runs of a comparison: settings that must match for a stored run to count, the run
+files under ``<out>/runs/``, and training them one after another or as Ray tasks."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+from recbole_freq.jobs.ray_cluster import check_resources, import_ray, start_or_join
+from recbole_freq.utils.command import DEFAULT_SEEDS  # noqa: F401  (its name here before)
+from recbole_freq.utils.files import plain_value, write_atomic
+
+DEFAULT_METRICS = tuple(f"{name}@{k}" for name in ("hit", "ndcg") for k in (5, 10, 20))
+# Shown by default for each of the run's ``extra_test_modes`` (e.g. ``uni100:hit@10``): the
+# sampled protocol's papers (Rec-Denoiser, SASRec) report @10 only.
+DEFAULT_EXTRA_MODE_METRICS = ("hit@10", "ndcg@10")
+RUN_FORMAT = 1
+# Summary parts that are not needed for the tables (of the model report: the learned mask
+# matrices; their pruned fractions stay); quick_start still writes the full summary next
+# to the checkpoint (``summary_file``).
+DROPPED_SUMMARY_KEYS = ("model_report",)
+DROPPED_MASK_KEYS = ("mask",)
+# Keys the comparison sets itself, per run.
+RESERVED_OVERRIDES = ("model", "dataset", "seed")
+
+
+class ComparisonError(ValueError):
+    """Bad comparison input or an output folder that holds other settings' runs."""
+
+
+# ---------------------------------------------------------------------------- settings
+
+
+def _normalise_value(value):
+    """An override as RecBole will read it: ``"1"`` from the command line and ``1`` from
+    Python are the same setting (RecBole evaluates string overrides)."""
+    if isinstance(value, str):
+        if value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return value
+    return plain_value(value)
+
+
+def _file_digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def run_settings(dataset: str, config_files, overrides: dict) -> dict:
+    """What makes two runs comparable: dataset, config file contents and overrides."""
+    files = []
+    for path in config_files or []:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"config file {path!r} does not exist")
+        files.append({"path": str(Path(path).resolve()), "sha256": _file_digest(path)})
+    return {
+        "dataset": dataset,
+        "config_files": files,
+        "overrides": {key: _normalise_value(value) for key, value in sorted(overrides.items())},
+    }
+
+
+def _settings_difference(stored: dict, wanted: dict) -> list[str]:
+    differences = []
+    if stored.get("dataset") != wanted["dataset"]:
+        differences.append(f"dataset {stored.get('dataset')!r} vs {wanted['dataset']!r}")
+    stored_files = [f["sha256"] for f in stored.get("config_files", [])]
+    if stored_files != [f["sha256"] for f in wanted["config_files"]]:
+        differences.append(
+            "config files "
+            f"{[f['path'] for f in stored.get('config_files', [])]} vs "
+            f"{[f['path'] for f in wanted['config_files']]} (paths or contents differ)"
+        )
+    if stored.get("paper") != wanted.get("paper"):
+        differences.append(f"--paper {bool(stored.get('paper'))} vs {bool(wanted.get('paper'))}")
+    if stored.get("paper_references") != wanted.get("paper_references"):
+        differences.append(
+            f"--paper backbone settings {stored.get('paper_references')} vs "
+            f"{wanted.get('paper_references')}"
+        )
+    if stored.get("protocols") != wanted.get("protocols"):
+        differences.append(f"--protocols {stored.get('protocols')} vs {wanted.get('protocols')}")
+    old, new = stored.get("overrides", {}), wanted["overrides"]
+    for key in sorted(set(old) | set(new)):
+        if old.get(key, "<unset>") != new.get(key, "<unset>"):
+            differences.append(f"--{key}: {old.get(key, '<unset>')} vs {new.get(key, '<unset>')}")
+    return differences
+
+
+# ---------------------------------------------------------------------------- run files
+
+
+def entry_name(model: str, protocol: str | None) -> str:
+    """A comparison entry: a model, or a model under one of ``--protocols``."""
+    return model if protocol is None else f"{model}@{protocol}"
+
+
+def split_entry(entry: str) -> tuple[str, str | None]:
+    model, _, protocol = entry.partition("@")
+    return model, protocol or None
+
+
+def run_protocol_label(record: dict) -> str:
+    """The protocol a stored run was made under (runs stored before protocols were
+    recorded say so)."""
+    protocol = record["summary"].get("protocol")
+    return protocol["label"] if isinstance(protocol, dict) else "unrecorded"
+
+
+def run_file(out: Path, model: str, seed: int) -> Path:
+    return out / "runs" / f"{model}-seed{seed}.json"
+
+
+def partial_file(out: Path, model: str, seed: int) -> Path:
+    """The resume state of an unfinished run (removed when the run is stored)."""
+    return out / "partial" / f"{model}-seed{seed}.resume.pth"
+
+
+def record_digest(record: dict) -> str:
+    """sha256 of a run record as stored (its JSON, keys sorted), without its digest."""
+    body = {key: value for key, value in record.items() if key != "digest"}
+    text = json.dumps(body, sort_keys=True, default=str, allow_nan=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def load_run(path: Path) -> dict:
+    """A stored run, once it is whole and unedited: its digest (written with it) matches,
+    and every metric it holds is a finite number; ``ComparisonError`` naming the file
+    otherwise, so that no edited or broken file is tabulated as if measured."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise ComparisonError(
+            f"cannot read run file {path}: {error}; delete it to redo the run"
+        ) from error
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get("settings"), dict)
+        or not isinstance(record.get("summary"), dict)
+    ):
+        raise ComparisonError(f"{path} is not a comparison run file; delete it to redo the run")
+    if "digest" in record and record["digest"] != record_digest(record):
+        raise ComparisonError(
+            f"{path} was changed after its run was stored (its digest no longer matches); "
+            "delete it to redo the run"
+        )
+    problem = _metrics_problem(record["summary"])
+    if problem:
+        raise ComparisonError(f"{path}: {problem}; delete it to redo the run")
+    return record
+
+
+def _metrics_problem(summary: dict) -> str | None:
+    """Why the metrics of a stored run cannot be measurements, or None."""
+    import math
+
+    def results_problem(results, where: str) -> str | None:
+        if not isinstance(results, dict) or not results:
+            return f"its {where} holds no metrics"
+        for name, value in results.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return f"its {where} {name} is {value!r}, not a number"
+            if not math.isfinite(value):
+                return f"its {where} {name} is {value!r}, not a finite number"
+        return None
+
+    if "test_result" not in summary:
+        return "it holds no test_result"
+    problem = results_problem(summary["test_result"], "test_result")
+    extra = summary.get("extra_test_results") or {}
+    if not problem and not isinstance(extra, dict):
+        return "its extra_test_results is not a mapping of modes to metrics"
+    for mode, results in extra.items():
+        problem = problem or results_problem(results, f"extra_test_results {mode}")
+    return problem
+
+
+class OutDirLock:
+    """An exclusive lock on a comparison's ``--out`` folder (the folder itself: no lock
+    file is left behind), held while the comparison trains, stores and tabulates."""
+
+    def __init__(self, fd: int | None):
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the lock
+            self.fd = None
+
+
+def lock_out_dir(out: Path) -> OutDirLock:
+    """``ComparisonError`` if another comparison holds ``out``: two at once stored runs
+    of different settings side by side and tabulated them together."""
+    from dataset_prep.atomic import lock_folder
+    from dataset_prep.errors import UsageError
+
+    try:
+        return OutDirLock(lock_folder(out, ""))
+    except UsageError:
+        raise ComparisonError(
+            f"another comparison is writing {out} right now; wait for it to finish, or "
+            "give this one another --out"
+        ) from None
+
+
+def check_out_dir(out: Path, settings: dict) -> None:
+    """Every run stored in ``out`` must have been made with ``settings``: an output folder
+    holds one comparison, never a silent mix of settings."""
+    for path in sorted((out / "runs").glob("*.json")):
+        differences = _settings_difference(load_run(path)["settings"], settings)
+        if differences:
+            raise ComparisonError(
+                f"{out} already holds runs made with other settings ({path.name}: "
+                + "; ".join(differences)
+                + "). Pick another --out, or delete "
+                + str(out / "runs")
+                + " to redo them with the new settings."
+            )
+
+
+def _store_run(out: Path, settings: dict, model: str, seed: int, summary: dict) -> Path:
+    kept = {key: value for key, value in summary.items() if key not in DROPPED_SUMMARY_KEYS}
+    report = summary.get("model_report") or {}
+    if report.get("learned_masks"):
+        kept["model_report"] = {
+            **{key: value for key, value in report.items() if key != "learned_masks"},
+            "learned_masks": [
+                {key: value for key, value in entry.items() if key not in DROPPED_MASK_KEYS}
+                for entry in report["learned_masks"]
+            ],
+        }
+    record = {
+        "format": RUN_FORMAT,
+        "model": model,
+        "seed": seed,
+        "settings": settings,
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "summary": kept,
+    }
+    record = json.loads(json.dumps(record, default=str))  # as it will read back
+    record["digest"] = record_digest(record)
+    path = run_file(out, model, seed)
+    write_atomic(path, json.dumps(record, indent=2))
+    return path
+
+
+# ---------------------------------------------------------------------------- training
+
+
+def _train_one(
+    model,
+    dataset,
+    config_files,
+    overrides,
+    seed,
+    workdir=None,
+    models=(),
+    resume_file=None,
+    paper_models=(),
+    references=None,
+) -> dict:
+    """One run of the comparison (also the body of a Ray task); ``models``: all compared
+    models, which share the overrides (a key one of them reads is accepted);
+    ``resume_file``: the run's resume state, continued from if it exists;
+    ``paper_models``: the models that get their paper's settings (``--paper``);
+    ``references``: model -> the paper settings it shares as a denoiser's backbone."""
+    from recbole_freq.quick_start.quick_start import run
+
+    model, protocol = split_entry(model)
+    if protocol is not None:
+        overrides = {**overrides, "protocol": protocol}
+    if workdir and os.path.isdir(workdir):
+        # Ray workers of a remote cluster may start elsewhere; relative paths
+        # (data_path, checkpoint_dir, log/) are meant relative to the driver's folder.
+        os.chdir(workdir)
+    return run(
+        model,
+        dataset,
+        config_files,
+        cmd_overrides={**(references or {}).get(model, {}), **overrides, "seed": seed},
+        paper=model in paper_models,
+        shared_with=models,
+        resume_file=resume_file,
+    )
+
+
+def validate(
+    models,
+    dataset,
+    config_files,
+    overrides,
+    seeds,
+    protocols=(None,),
+    paper_models=(),
+    references=None,
+) -> dict:
+    """Build each model's configuration once before any training, so that an unknown model,
+    a missing file or an unprepared dataset fails in seconds, not after hours of runs.
+    Returns the configuration of the first model under each protocol (for the notes), and
+    each entry's protocol label."""
+    from recbole_freq.config.configurator import FreqConfig
+    from recbole_freq.data.guard import check_prepared
+    from recbole_freq.protocol import protocol_label
+
+    first, labels = {}, {}
+    for protocol in protocols:
+        chosen = {} if protocol is None else {"protocol": protocol}
+        for model in models:
+            config = FreqConfig(
+                model,
+                dataset,
+                config_files,
+                cmd_overrides={
+                    **(references or {}).get(model, {}),
+                    **overrides,
+                    **chosen,
+                    "seed": seeds[0],
+                },
+                paper=model in paper_models,
+                shared_with=models,
+            )
+            check_prepared(config)
+            first.setdefault(protocol, config)
+            labels[entry_name(model, protocol)] = protocol_label(config)
+    return first, labels
+
+
+def stored_label_differences(out: Path, entries, seeds, labels: dict) -> list[str]:
+    """The stored runs that this command skips although it would run them under another
+    protocol (e.g. runs stored before ``sequence_layout: left`` became the default of
+    ``bsarec``, ``fmlprec`` and ``sasrec``): one line each.  They keep their own, true
+    label in every table, and ``check_protocols`` refuses to table them beside runs of
+    another protocol unless asked."""
+    lines = []
+    for entry in entries:
+        for seed in seeds:
+            path = run_file(out, entry, seed)
+            if not path.is_file():
+                continue
+            stored = run_protocol_label(load_run(path))
+            if stored != labels[entry]:
+                lines.append(
+                    f"{path.name}: stored under protocol {stored}; this command would run "
+                    f"{split_entry(entry)[0]} under {labels[entry]} (delete the file to redo it)"
+                )
+    return lines
+
+
+def run_sequential(
+    jobs, dataset, config_files, overrides, out, settings, log, models, paper_models=(),
+    references=None,
+):  # fmt: skip
+    trained = []
+    for index, (model, seed) in enumerate(jobs, 1):
+        log(f"[{index}/{len(jobs)}] training {model} seed {seed} ...")
+        summary = _train_one(
+            model,
+            dataset,
+            config_files,
+            overrides,
+            seed,
+            models=tuple(models),
+            resume_file=partial_file(out, model, seed),
+            paper_models=tuple(paper_models),
+            references=references,
+        )
+        _store_run(out, settings, model, seed, summary)
+        trained.append((model, seed))
+        log(f"[{index}/{len(jobs)}] {model} seed {seed} done: {_headline(summary)}")
+    return trained
+
+
+def run_on_ray(
+    jobs, dataset, config_files, overrides, out, settings, log, ray_options, models,
+    paper_models=(), references=None,
+):  # fmt: skip
+    ray = import_ray("--ray", "ray[default]", ComparisonError)
+    started_here = start_or_join(ray, ray_options.get("address"), error=ComparisonError)
+    try:
+        _check_ray_resources(ray.cluster_resources(), ray_options, started_here, log)
+    except ComparisonError:
+        if started_here:
+            ray.shutdown()
+        raise
+    remote = ray.remote(_train_one).options(
+        num_cpus=ray_options.get("cpus_per_run", 1.0),
+        num_gpus=ray_options.get("gpus_per_run", 0.0),
+        max_retries=0,
+    )
+    workdir = os.getcwd()
+    pending = {
+        remote.remote(
+            model,
+            dataset,
+            config_files,
+            overrides,
+            seed,
+            workdir,
+            tuple(models),
+            str(partial_file(out, model, seed).resolve()),
+            tuple(paper_models),
+            references,
+        ): (model, seed)
+        for model, seed in jobs
+    }
+    log(f"submitted {len(pending)} runs to Ray")
+    trained, failures = [], []
+    try:
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            model, seed = pending.pop(done[0])
+            try:
+                summary = ray.get(done[0])
+            except Exception as error:  # reported below; the other runs go on
+                failures.append(f"{model} seed {seed}: {error}")
+                log(f"{model} seed {seed} FAILED: {error}")
+                continue
+            # Stored as each run finishes, so an interrupted comparison keeps them.
+            _store_run(out, settings, model, seed, summary)
+            trained.append((model, seed))
+            log(f"[{len(trained)}/{len(jobs)}] {model} seed {seed} done: {_headline(summary)}")
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        if started_here:
+            ray.shutdown()
+    if failures:
+        raise RuntimeError(f"{len(failures)} Ray run(s) failed:\n" + "\n".join(failures))
+    return trained
+
+
+def _check_ray_resources(resources: dict, ray_options: dict, started_here: bool, log) -> None:
+    """A run asking for more than the cluster has waits forever: refused on a local
+    instance, a warning on a cluster (``ray_cluster.check_resources``)."""
+    wanted = {
+        "CPU": (ray_options.get("cpus_per_run", 0.0), "cpus_per_run"),
+        "GPU": (ray_options.get("gpus_per_run", 0.0), "gpus_per_run"),
+    }
+    local = not (ray_options.get("address") or os.environ.get("RAY_ADDRESS"))
+    check_resources(resources, wanted, started_here, local, log, error=ComparisonError)
+
+
+def _headline(summary: dict) -> str:
+    test = summary["test_result"]
+    shown = ", ".join(f"{m} {test[m]:.4f}" for m in ("hit@10", "ndcg@10") if m in test)
+    return f"test {shown or test}; {summary['epochs_run']} epochs"

@@ -1,0 +1,512 @@
+"""The search driver: ``tune_model`` checks the space and the settings, starts or joins
+Ray (``recbole_freq.jobs.ray_cluster``), runs the trials (``trial.run_trial``) under a
+searcher and scheduler, and writes the report (``report``)."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from recbole_freq.config.configurator import check_name_component
+from recbole_freq.config.settings import range_problem, type_problem
+from recbole_freq.jobs.ray_cluster import check_resources, import_ray, start_or_join
+from recbole_freq.jobs.tune.hyper import distinct_combinations, grid_size, parse_hyper_file
+from recbole_freq.jobs.tune.report import finished_trials, rank_trials, write_outputs
+from recbole_freq.jobs.tune.trial import run_trial
+from recbole_freq.quick_start.distributed import data_parallel_settings
+from recbole_freq.utils.command import SEARCHES
+from recbole_freq.utils.files import check_writable, plain_value, write_atomic
+
+DEFAULT_NUM_SAMPLES = 10
+SPEC_FILE = "recbole_freq_search.json"
+
+# Keys a trial must not change: identity of the job, or what the driver sets per trial.
+UNTUNABLE_KEYS = {
+    "model",
+    "dataset",
+    "data_path",
+    "checkpoint_dir",
+    "gpu_id",
+    "use_gpu",
+    "device",
+    "show_progress",
+}
+# Keys read while RecBole loads and filters the dataset (``create_dataset``): tuning one
+# of them means every trial loads its own dataset instead of the driver's shared one.
+EXTRA_DATASET_KEYS = {"data_path", "benchmark_filename", "MAX_ITEM_LIST_LENGTH", "seq_len"}
+
+
+class TuneSetupError(ValueError):
+    """A search that cannot start as asked (missing package, bad option, no cluster)."""
+
+
+def check_search_folder_trusted(folder: Path) -> None:
+    """``TuneSetupError`` unless ``folder`` and everything in it belong to the current
+    user and no one else can write them, nor replace them in their parent.
+
+    Ray keeps a search's state as pickles (``tuner.pkl``, the searcher's state), and
+    ``Tuner.restore`` unpickles them: a results folder is as trusted as a program, so
+    ``--resume`` continues only a folder its user could have written alone."""
+    import stat
+
+    if not folder.is_dir():
+        return  # "nothing to resume" is said next
+    me = os.geteuid()
+
+    def problem(path: Path, info) -> str | None:
+        if info.st_uid != me:
+            return f"{path} belongs to uid {info.st_uid}, not to you (uid {me})"
+        group_writes = info.st_mode & stat.S_IWGRP and not _private_group(info.st_gid)
+        if info.st_mode & stat.S_IWOTH or group_writes:
+            return f"{path} is writable by others (mode {stat.S_IMODE(info.st_mode):o})"
+        return None
+
+    parent = folder.parent.stat()
+    found = None
+    if parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX:
+        found = f"{folder.parent} lets anyone replace the folder (writable by all, no sticky bit)"
+    paths = [folder] + sorted(folder.rglob("*"))
+    for path in paths:
+        if found:
+            break
+        found = problem(path, path.lstat())
+        if not found and path.is_symlink():
+            found = problem(path, path.stat()) if path.exists() else None
+    if found:
+        raise TuneSetupError(
+            f"refusing to resume {folder}: {found}. Ray's saved search state is pickled and "
+            "runs as code when read: resume only a search folder that you alone could have "
+            "written (or start afresh with another --name)"
+        )
+
+
+def _private_group(gid: int) -> bool:
+    """Whether group ``gid`` is the current user's own (a user-private group, as a umask
+    of 002 expects): its write permission then lets no one else in."""
+    try:
+        import grp
+        import pwd
+
+        group = grp.getgrgid(gid)
+        me = pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return False
+    return gid == os.getegid() and set(group.gr_mem) <= {me} and group.gr_name == me
+
+
+def _validate_space(space, config, fixed):
+    known = set(config.final_config_dict)
+    for name, param in space.items():
+        if name in UNTUNABLE_KEYS:
+            raise TuneSetupError(
+                f"line {param.line}: {name!r} cannot be tuned (the search sets it per trial)"
+            )
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise TuneSetupError(
+                f"line {param.line}: {name!r} is not a config key of {config['model']} or "
+                f"the evaluation protocol (names are case-sensitive){hint}"
+            )
+        if name in fixed:
+            raise TuneSetupError(
+                f"{name!r} is both tuned (hyper file line {param.line}) and fixed to "
+                f"{fixed[name]!r}; drop one of them"
+            )
+        # A wrong value would fail in its trial, after Ray started: check each one now.
+        for value in param.values if param.kind == "choice" else ():
+            problem = type_problem(name, value) or range_problem(name, value)
+            if problem:
+                raise TuneSetupError(
+                    f"line {param.line}: {name} {problem}, got the choice {value!r}"
+                )
+
+
+def _searcher(search, space, metric_mode, num_samples, max_concurrent, seed):
+    """(search_alg, num_samples, param_space) for the Tuner."""
+    from ray import tune
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    size = grid_size(space)
+    if search == "grid":
+        if size is None:
+            continuous = [p.describe() for p in space.values() if p.grid_values() is None]
+            raise TuneSetupError(
+                "grid search needs discrete parameters (choice or quniform); continuous: "
+                f"{'; '.join(continuous)}. Use --search random"
+            )
+        if num_samples is not None:
+            raise TuneSetupError(
+                f"grid search runs each of the {size} combinations once; --num_samples is "
+                "for --search random/optuna/hyperopt"
+            )
+        param_space = {name: tune.grid_search(p.grid_values()) for name, p in space.items()}
+        return BasicVariantGenerator(max_concurrent=max_concurrent or 0), 1, param_space
+
+    num_samples = DEFAULT_NUM_SAMPLES if num_samples is None else num_samples
+    if num_samples < 1:
+        raise TuneSetupError("--num_samples must be at least 1")
+    param_space = {name: p.to_tune() for name, p in space.items()}
+    if search == "random":
+        if size is not None:
+            # Sampling with replacement would repeat combinations (likely already for
+            # 20 of 150); draw distinct ones instead.
+            if num_samples > size:
+                raise TuneSetupError(
+                    f"--num_samples {num_samples} exceeds the {size} combinations of the "
+                    "space; use --search grid to run them all"
+                )
+            points = distinct_combinations(space, num_samples, seed)
+            generator = BasicVariantGenerator(
+                points_to_evaluate=points, max_concurrent=max_concurrent or 0, random_state=seed
+            )
+            return generator, num_samples, param_space
+        generator = BasicVariantGenerator(max_concurrent=max_concurrent or 0, random_state=seed)
+        return generator, num_samples, param_space
+    metric, mode = metric_mode
+    if search == "optuna":
+        try:
+            import optuna  # noqa: F401
+            from ray.tune.search.optuna import OptunaSearch
+        except ImportError:
+            raise TuneSetupError(
+                "--search optuna needs the optuna package: pip install optuna (or use "
+                "--search random)"
+            ) from None
+        searcher = OptunaSearch(metric=metric, mode=mode, seed=seed)
+    else:
+        try:
+            import hyperopt  # noqa: F401
+            from ray.tune.search.hyperopt import HyperOptSearch
+        except ImportError:
+            raise TuneSetupError(
+                "--search hyperopt needs the hyperopt package: pip install hyperopt (or use "
+                "--search random)"
+            ) from None
+        searcher = HyperOptSearch(metric=metric, mode=mode, random_state_seed=seed)
+    if max_concurrent:
+        from ray.tune.search import ConcurrencyLimiter
+
+        searcher = ConcurrencyLimiter(searcher, max_concurrent=max_concurrent)
+    return searcher, num_samples, param_space
+
+
+def _job_spec(model, dataset, config_files, config_dict, overrides, paper, space, search):
+    return {
+        "model": model,
+        "dataset": dataset,
+        "config_files": config_files,
+        "config_dict": plain_value(config_dict),
+        "overrides": plain_value(overrides),
+        "paper": paper,
+        "space": [p.describe() for p in space.values()],
+        "search": search,
+    }
+
+
+def tune_model(
+    model: str,
+    dataset: str,
+    hyper_file,
+    config_files=None,
+    config_dict=None,
+    cmd_overrides=None,
+    paper: bool = False,
+    search: str | None = None,
+    num_samples: int | None = None,
+    scheduler: str = "asha",
+    grace_period: int = 1,
+    cpus_per_trial: float = 1.0,
+    gpus_per_trial: float = 0.0,
+    max_concurrent: int | None = None,
+    storage_path="ray_results",
+    name: str | None = None,
+    resume: bool = False,
+    ray_address: str | None = None,
+    num_cpus: int | None = None,
+    verbose: int = 1,
+) -> dict:
+    """Search ``hyper_file``'s space for ``model`` on ``dataset`` with Ray Tune.
+
+    ``config_files``/``config_dict``/``cmd_overrides`` set the fixed settings of every
+    trial, as for :func:`recbole_freq.quick_start.run`.  ``search``: ``grid`` (default
+    for a discrete space without ``num_samples``), ``random`` (default otherwise, distinct
+    combinations for discrete spaces), ``optuna`` or ``hyperopt``.  ``scheduler``:
+    ``asha`` (stop poor trials on the validation metric after ``grace_period``
+    validation rounds) or ``none``.  ``ray_address`` (else ``RAY_ADDRESS``) joins a
+    running cluster; otherwise a local Ray with ``num_cpus`` CPUs is started and shut
+    down at the end.  ``resume`` continues the interrupted search ``name``.
+
+    Returns a dict: ``experiment_dir``, ``metric``, ``mode``, ``trials`` (ranked rows),
+    ``best`` (the best row), ``best_params``, ``table`` (markdown) and the written files
+    ``trials_csv``, ``trials_md``, ``best_yaml``.
+    """
+    from recbole_freq.config.configurator import FreqConfig
+    from recbole_freq.data.guard import check_prepared
+
+    ray = import_ray("hyperparameter search", "ray[tune]", TuneSetupError)
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    space = parse_hyper_file(hyper_file)
+    if search is None:
+        search = "grid" if num_samples is None and grid_size(space) is not None else "random"
+    if search not in SEARCHES:
+        raise TuneSetupError(f"unknown search {search!r}; use one of {', '.join(SEARCHES)}")
+    if scheduler not in ("asha", "none"):
+        raise TuneSetupError(f"unknown scheduler {scheduler!r}; use asha or none")
+    if cpus_per_trial < 0 or gpus_per_trial < 0 or cpus_per_trial + gpus_per_trial == 0:
+        raise TuneSetupError("a trial needs a positive --cpus_per_trial or --gpus_per_trial")
+    if gpus_per_trial > 1 and gpus_per_trial != int(gpus_per_trial):
+        raise TuneSetupError("--gpus_per_trial above 1 must be a whole number")
+    if max_concurrent is not None and max_concurrent < 1:
+        raise TuneSetupError("--max_concurrent must be at least 1")
+
+    overrides = dict(cmd_overrides or {})
+    config_dict = dict(config_dict or {})
+    config_files = [os.path.abspath(path) for path in config_files or []]
+    config = FreqConfig(model, dataset, config_files, config_dict, overrides, paper)
+    if data_parallel_settings(config) is not None:
+        raise TuneSetupError(
+            "a search trains its trials side by side, one process each; nproc and "
+            "world_size (data-parallel training) are for a single training run or --compare"
+        )
+    check_prepared(config)
+    _validate_space(space, config, {**config_dict, **overrides})
+    if not config["eval_step"] or config["eval_step"] < 1 or config["eval_step"] > config["epochs"]:
+        raise TuneSetupError(
+            f"tuning ranks trials on validation, but eval_step={config['eval_step']} with "
+            f"epochs={config['epochs']} never validates; use 1 <= eval_step <= epochs"
+        )
+    rounds = config["epochs"] // config["eval_step"]
+    if scheduler == "asha" and not 1 <= grace_period <= rounds:
+        raise TuneSetupError(
+            f"--grace_period {grace_period} must be between 1 and the {rounds} validation "
+            "rounds of a trial"
+        )
+
+    # Trials run in Ray's per-trial working directories: every path must be absolute.
+    overrides["data_path"] = os.path.abspath(os.path.dirname(os.path.normpath(config["data_path"])))
+    overrides["checkpoint_dir"] = os.path.abspath(config["checkpoint_dir"])
+    model_name, metric_name = config["model"], config["valid_metric"]
+    mode = "max" if config["valid_metric_bigger"] else "min"
+    job = {
+        "model": model,
+        "dataset": dataset,
+        "config_files": config_files,
+        "config_dict": config_dict,
+        "overrides": overrides,
+        "paper": paper,
+    }
+
+    storage = check_writable(Path(storage_path).expanduser().resolve(), "--storage_path")
+    name = name or default_search_name(model_name, dataset)
+    check_name_component(name, "--name")
+    experiment_dir = storage / name
+    spec = _job_spec(model, dataset, config_files, config_dict, overrides, paper, space, search)
+    if resume:
+        check_search_folder_trusted(experiment_dir)
+        saved = experiment_dir / SPEC_FILE
+        if not saved.is_file():
+            raise TuneSetupError(
+                f"nothing to resume in {experiment_dir}: give the --name and --storage_path "
+                "of the interrupted search"
+            )
+        previous = json.loads(saved.read_text())
+        changed = sorted(key for key in spec if previous.get(key) != plain_value(spec[key]))
+        if changed:
+            raise TuneSetupError(
+                f"--resume needs the settings of the interrupted search; changed: "
+                f"{', '.join(changed)} (saved in {saved})"
+            )
+    elif experiment_dir.exists() and any(experiment_dir.iterdir()):
+        raise TuneSetupError(
+            f"{experiment_dir} already holds a search: add --resume to continue it or pick "
+            "another --name"
+        )
+
+    # Bad search options fail here, before the dataset is loaded and Ray is started.
+    searcher = _searcher(
+        search, space, ("valid_score", mode), num_samples, max_concurrent, config["seed"]
+    )
+    shared = None
+    if not set(space) & _dataset_keys():
+        from recbole.data import create_dataset
+        from recbole.utils import init_seed
+
+        init_seed(config["seed"], config["reproducibility"])
+        shared = create_dataset(config)
+
+    address = ray_address or os.environ.get("RAY_ADDRESS") or None
+    started = start_or_join(ray, address, num_cpus, error=TuneSetupError)
+    try:
+        check_resources(
+            ray.cluster_resources(),
+            {"CPU": (cpus_per_trial, "cpus_per_trial"), "GPU": (gpus_per_trial, "gpus_per_trial")},
+            started,
+            local=address is None,
+            warn=lambda message: print(message, file=sys.stderr),
+            tasks="the trials",
+            error=TuneSetupError,
+        )
+        trainable = tune.with_resources(
+            tune.with_parameters(run_trial, job=job, shared_dataset=shared),
+            {"cpu": cpus_per_trial, "gpu": gpus_per_trial},
+        )
+        results, interrupted = _fit(
+            trainable,
+            searcher,
+            ("valid_score", mode),
+            ASHAScheduler(
+                # One report per validation round plus the final one: max_t lets the
+                # last epoch pass, so that the test evaluation still runs.
+                time_attr="training_iteration",
+                max_t=rounds + 1,
+                grace_period=grace_period,
+            )
+            if scheduler == "asha"
+            else None,
+            (storage, name, experiment_dir, spec, resume),
+            verbose,
+        )
+    finally:
+        if started:
+            ray.shutdown()
+
+    if interrupted:
+        from recbole_freq.quick_start.quick_start import RunInterrupted
+
+        finished, started = finished_trials(results)
+        raise RunInterrupted(
+            f"the search stopped: {finished} of the {started} trials started had finished; "
+            f"the search's state is kept in {experiment_dir}"
+        )
+    rows = rank_trials(results, list(space), mode, _test_stopped_trials(results))
+    summary = {
+        "model": model_name,
+        "dataset": dataset,
+        "experiment_dir": str(experiment_dir),
+        "metric": metric_name,
+        "mode": mode,
+        "shared_dataset": shared is not None,
+        "trials": rows,
+    }
+    return write_outputs(summary, experiment_dir, list(space), job, config_dict, cmd_overrides)
+
+
+def _test_stopped_trials(results) -> dict[str, dict]:
+    """Trial folder -> test results of each trial that ASHA stopped before its own test
+    evaluation, from the best weights in its last checkpoint (``trial.test_stopped_trial``)."""
+    from recbole_freq.jobs.tune.trial import test_stopped_trial
+
+    tested = {}
+    for result in results:
+        metrics = result.metrics or {}
+        if metrics.get("final") or result.error is not None or result.checkpoint is None:
+            continue
+        tested[str(result.path)] = test_stopped_trial(result.checkpoint)
+    return tested
+
+
+def _dataset_keys() -> set:
+    from recbole.utils.argument_list import dataset_arguments
+
+    return set(dataset_arguments) | EXTRA_DATASET_KEYS
+
+
+def _fit(trainable, searcher, metric_mode, scheduler, where, verbose):
+    from ray import tune
+
+    search_alg, num_samples, param_space = searcher
+    storage, name, experiment_dir, spec, resume = where
+    if resume:
+        tuner = tune.Tuner.restore(
+            str(experiment_dir),
+            trainable,
+            resume_unfinished=True,
+            restart_errored=True,
+            param_space=param_space,
+        )
+    else:
+        tuner = tune.Tuner(
+            trainable,
+            param_space=param_space,
+            tune_config=tune.TuneConfig(
+                metric=metric_mode[0],
+                mode=metric_mode[1],
+                search_alg=search_alg,
+                scheduler=scheduler,
+                num_samples=num_samples,
+            ),
+            run_config=tune.RunConfig(
+                name=name,
+                storage_path=str(storage),
+                verbose=verbose,
+                failure_config=tune.FailureConfig(max_failures=0),
+                # Each checkpoint holds the trial's best weights so far: the last suffices.
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                # RecBole's log/ and log_tensorboard/ go to the trial's working dir.
+                sync_config=tune.SyncConfig(sync_artifacts=True),
+            ),
+        )
+        experiment_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(experiment_dir / SPEC_FILE, json.dumps(plain_value(spec), indent=2))
+    import logging
+
+    import ray.tune.tune as ray_tune_run
+
+    # On Ctrl-C Ray stops the search, saves its state and returns normally, printing a
+    # hint that names its Tuner.restore API.  Its notices are muted (ours names
+    # --resume --name) and the event its signal handler sets is kept to tell an
+    # interrupted search from a finished one.
+    # Keeping one checkpoint per trial makes Ray snapshot the experiment after each
+    # report and warn about it every time; the snapshot is what --resume needs.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    ray_tune_logger = logging.getLogger("ray.tune.tune")
+    level = ray_tune_logger.level
+    ray_tune_logger.setLevel(logging.ERROR)
+    setup = getattr(ray_tune_run, "_setup_signal_catching", None)
+    events = []
+
+    def keep_event():
+        event = setup()
+        events.append(event)
+        _stop_gracefully_on_sigterm(event)
+        return event
+
+    if setup is not None:
+        ray_tune_run._setup_signal_catching = keep_event
+    try:
+        results = tuner.fit()
+    finally:
+        ray_tune_logger.setLevel(level)
+        if setup is not None:
+            ray_tune_run._setup_signal_catching = setup
+    return results, any(event.is_set() for event in events)
+
+
+def _stop_gracefully_on_sigterm(event) -> None:
+    """SIGTERM stops a search as Ctrl-C does (Ray saves its state and returns), instead
+    of Ray's own handler, which aborted the driver with a C stack dump (exit -6)."""
+    import signal
+    import threading
+
+    from recbole_freq.utils.signals import mark_terminated
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum, frame):
+        mark_terminated()
+        event.set()
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def default_search_name(model: str, dataset: str) -> str:
+    """``<model>-<dataset>-<time>``: the experiment folder of a search given no --name."""
+    return f"{model}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"

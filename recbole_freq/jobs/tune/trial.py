@@ -1,0 +1,193 @@
+"""One trial of a search, run in a Ray worker: train one configuration with RecBole's
+trainer and report its validation metric after every evaluation epoch, with a Ray
+checkpoint that lets the trial continue (``--resume``) and be tested after ASHA stops it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from recbole_freq.quick_start.memory import check_memory, longest_history
+from recbole_freq.utils.files import plain_value
+
+
+def trial_device_overrides(gpu_ids) -> dict:
+    """RecBole settings that keep a trial on the devices Ray gave it.
+
+    RecBole's ``Config`` writes ``gpu_id`` (default ``0``) into ``CUDA_VISIBLE_DEVICES``.
+    With no GPU assigned the trial must stay on the CPU even on a GPU node; with GPUs
+    assigned it must use exactly those, which Ray has put in ``CUDA_VISIBLE_DEVICES``.
+    """
+    if not gpu_ids:
+        return {"gpu_id": "", "use_gpu": False}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") or ",".join(str(g) for g in gpu_ids)
+    return {"gpu_id": visible, "use_gpu": True}
+
+
+# The file in each Ray checkpoint of a trial: the run's resume state after an epoch.
+TRIAL_STATE = "trial_state.pth"
+
+
+def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
+    """Ray Tune function trainable: train one configuration with RecBole's trainer.
+
+    Reports after every validation epoch ``valid_score`` (the ``valid_metric``), the
+    other validation metrics as ``valid_<metric>`` and ``train_loss``, with a Ray
+    checkpoint holding the run's resume state (``recbole_freq.quick_start.resume``: weights,
+    optimizer, early stopping, best weights so far, history, random generators); then
+    evaluates the test split once on the best epoch's weights and reports a final result
+    with ``final: True``, ``valid_score`` = best validation score and ``test_<metric>``.
+    A trial that Ray restores (a resumed search) continues from its checkpoint's epoch
+    with the state it had there; one that ASHA stops is tested from its checkpoint
+    afterwards (``test_stopped_trial``).
+    """
+    import ray
+    from ray import tune
+    from recbole.data import create_dataset
+    from recbole.utils import init_logger, init_seed
+
+    from recbole_freq.config.configurator import FreqConfig
+    from recbole_freq.data.guard import check_prepared, dataset_fingerprint
+    from recbole_freq.protocol import protocol_label, protocol_trainer
+    from recbole_freq.protocol.sampled_scoring import use_full_sort_for_sampled_scoring
+    from recbole_freq.quick_start.quick_start import (
+        TrainingRecorder,
+        evaluate_extra_test_modes,
+        load_splits,
+        log_flops,
+        new_model,
+        unique_checkpoint_path,
+    )
+    from recbole_freq.quick_start.resume import (
+        ResumeError,
+        apply_resume_state,
+        load_resume_state,
+        save_resume_state,
+        settings_differences,
+    )
+
+    params = {name: plain_value(value) for name, value in params.items()}
+    overrides = {**job["overrides"], **trial_device_overrides(ray.get_gpu_ids())}
+    config = FreqConfig(
+        job["model"],
+        job["dataset"],
+        job["config_files"],
+        config_dict={**job["config_dict"], "show_progress": False, **params},
+        cmd_overrides=overrides,
+        paper=job["paper"],
+    )
+    init_seed(config["seed"], config["reproducibility"])
+    init_logger(config)
+    if os.path.isdir(config["data_path"]):  # not on a node that got only the shared copy
+        config["dataset_sha256"] = dataset_fingerprint(config)
+    if shared_dataset is None:
+        check_prepared(config)
+        dataset = create_dataset(config)
+    else:
+        # The driver loaded and filtered the data with settings equal to this trial's
+        # in every dataset key (this is the trial's own deserialized copy); the split and
+        # loaders below follow the trial's config.
+        dataset = shared_dataset
+        dataset.config = config
+    users_longest = longest_history(dataset)
+    _, (train_data, valid_data, test_data) = load_splits(config, dataset)
+    check_memory(config, dataset, users_longest=users_longest)
+
+    model = new_model(config, train_data)
+    use_full_sort_for_sampled_scoring(model)
+    # As `run` does: the count draws random numbers (dropout, BERT4Rec's masking), so a
+    # trial trains exactly as a run of its configuration (best.yaml) does.
+    log_flops(config, model, dataset, logging.getLogger())
+    trainer = protocol_trainer(config, model)
+    trainer.saved_model_file = unique_checkpoint_path(config)
+    recorder = TrainingRecorder(trainer)
+    loaders = (train_data, valid_data, test_data)
+    restored = tune.get_checkpoint()
+    if restored is not None:
+        with restored.as_directory() as folder:
+            state = load_resume_state(Path(folder) / TRIAL_STATE)
+        differences = settings_differences(state["config"], config)
+        if differences:
+            raise ResumeError(
+                "the trial's checkpoint was written with other settings ("
+                + "; ".join(differences[:3])
+                + ")"
+            )
+        apply_resume_state(state, trainer, recorder, loaders)
+
+    def report_epoch(epoch_idx, valid_score):
+        # After RecBole's early-stopping bookkeeping of the epoch: the state saved is the
+        # one the next epoch starts from, best weights included.
+        epoch = recorder.epochs[-1]
+        metrics = {
+            "valid_score": epoch["valid_score"],
+            "epoch": epoch["epoch"],
+            "train_loss": epoch["train_loss"],
+            **{f"valid_{key}": float(value) for key, value in epoch["valid"].items()},
+        }
+        with tempfile.TemporaryDirectory() as folder:
+            save_resume_state(Path(folder) / TRIAL_STATE, trainer, recorder, loaders, epoch_idx + 1)
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
+
+    best_valid_score, best_valid_result = trainer.fit(
+        train_data, valid_data, saved=True, show_progress=False, callback_fn=report_epoch
+    )
+    test_result = trainer.evaluate(test_data, load_best_model=True, show_progress=False)
+    extra = evaluate_extra_test_modes(
+        config, dataset, (train_data, valid_data, test_data), trainer, True
+    )
+    final = {
+        "final": True,
+        "protocol": protocol_label(config),
+        "valid_score": float(best_valid_score),
+        "best_epoch": recorder.best_epoch,
+        "epochs_run": len(recorder.epochs),
+        "device": str(config["device"]),
+        "checkpoint_file": trainer.saved_model_file,
+        "shared_dataset": shared_dataset is not None,
+        **{f"valid_{key}": float(value) for key, value in (best_valid_result or {}).items()},
+        **{f"test_{key}": float(value) for key, value in test_result.items()},
+    }
+    for mode, result in extra.items():
+        final.update({f"test_{mode}_{key}": float(value) for key, value in result.items()})
+    tune.report(final)
+
+
+def test_stopped_trial(checkpoint) -> dict:
+    """``test_<metric>`` (and ``test_<mode>_<metric>`` of ``extra_test_modes``) of a trial
+    that ASHA stopped, from the best weights in its last Ray checkpoint, evaluated here as
+    the trial would have at its end; ``best_epoch``: the epoch those weights are from."""
+    from recbole_freq.checkpoint.loader import in_one_process
+    from recbole_freq.protocol import protocol_label, protocol_trainer
+    from recbole_freq.quick_start.quick_start import (
+        evaluate_extra_test_modes,
+        load_splits,
+        new_model,
+    )
+    from recbole_freq.quick_start.resume import load_resume_state
+
+    with checkpoint.as_directory() as folder:
+        state = load_resume_state(Path(folder) / TRIAL_STATE)
+    if state["best_state"] is None:
+        return {}
+    config = state["config"]
+    in_one_process(config)
+    config["show_progress"] = False
+    # The trial's device may be a GPU Ray gave it; the driver tests where it can.
+    import torch
+
+    if config["device"].type == "cuda" and not torch.cuda.is_available():
+        config["device"] = torch.device("cpu")
+    dataset, loaders = load_splits(config)
+    model = new_model(config, loaders[0])
+    model.load_state_dict(state["best_state"]["state_dict"])
+    trainer = protocol_trainer(config, model)
+    test_result = trainer.evaluate(loaders[2], load_best_model=False, show_progress=False)
+    extra = evaluate_extra_test_modes(config, dataset, loaders, trainer, False)
+    tested = {"protocol": protocol_label(config)}
+    tested.update({f"test_{key}": float(value) for key, value in test_result.items()})
+    for mode, result in extra.items():
+        tested.update({f"test_{mode}_{key}": float(value) for key, value in result.items()})
+    return tested

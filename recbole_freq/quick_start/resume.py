@@ -1,0 +1,167 @@
+"""Resume an interrupted training run from its last completed epoch.
+
+At the start of every training epoch after the first, the run writes a *resume state*
+(``<checkpoint>.resume.pth``, atomically): everything that decides what happens next,
+
+- the model's weights and the optimizer's state,
+- RecBole's early-stopping state (``cur_step``, best validation score and result) and the
+  best weights so far (the ones the test evaluation will load),
+- the recorder's per-epoch history,
+- every random number generator: torch's (CPU and CUDA), numpy's, Python's, and the
+  generators of RecBole's data loaders (which shuffle the training data),
+
+so that a resumed run continues exactly where the interrupted one stood: it ends with the
+same metrics as an uninterrupted run with the same seed.  The file is read back with the
+restricted checkpoint loader (``recbole_freq.checkpoint.loader``), so a resume file runs no code
+either; it is removed when the run finishes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+RESUME_FORMAT = 1
+RESUME_SUFFIX = ".resume.pth"
+
+
+class ResumeError(ValueError):
+    """A resume state that does not belong to this run or cannot be used."""
+
+
+def resume_file_for(checkpoint_file: str | os.PathLike) -> Path:
+    """``saved/X.pth`` -> ``saved/X.resume.pth``."""
+    return Path(checkpoint_file).with_suffix(RESUME_SUFFIX)
+
+
+def checkpoint_file_for(resume_file: str | os.PathLike) -> Path:
+    """``saved/X.resume.pth`` -> ``saved/X.pth``: where ``--resume`` writes the run's
+    checkpoint, whatever the file's content says."""
+    path = Path(resume_file)
+    return path.with_name(path.name.removesuffix(RESUME_SUFFIX) + ".pth")
+
+
+def _rng_state() -> dict:
+    keys, position, has_gauss, cached = np.random.get_state()[1:]
+    python_state = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy_keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+        "numpy_position": int(position),
+        "numpy_has_gauss": int(has_gauss),
+        "numpy_cached_gaussian": float(cached),
+        "python_version": python_state[0],
+        "python_state": list(python_state[1]),
+    }
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    np.random.set_state(
+        (
+            "MT19937",
+            state["numpy_keys"].numpy().astype(np.uint32),
+            state["numpy_position"],
+            state["numpy_has_gauss"],
+            state["numpy_cached_gaussian"],
+        )
+    )
+    random.setstate((state["python_version"], tuple(state["python_state"]), None))
+
+
+def save_resume_state(path, trainer, recorder, loaders, next_epoch: int) -> None:
+    """Write the state before epoch ``next_epoch`` (all earlier epochs complete)."""
+    from recbole_freq.checkpoint.schema import to_plain_checkpoint
+    from recbole_freq.compat import saved_state
+    from recbole_freq.utils.files import write_atomic
+
+    best = saved_state(trainer)
+    state = {
+        "format": RESUME_FORMAT,
+        "config": trainer.config,
+        "state_dict": trainer.model.state_dict(),
+        "optimizer": trainer.optimizer.state_dict(),
+        "next_epoch": next_epoch,
+        "cur_step": trainer.cur_step,
+        "best_valid_score": trainer.best_valid_score,
+        "best_valid_result": dict(trainer.best_valid_result or {}),
+        "best_state": None if best is None else {"state_dict": best["state_dict"]},
+        "history": recorder.epochs,
+        "train_seconds": recorder.train_seconds,
+        "rng": _rng_state(),
+        "loader_generators": [loader.generator.get_state() for loader in loaders],
+    }
+    plain = to_plain_checkpoint(state)  # read back by torch's weights-only loader
+    write_atomic(path, lambda handle: torch.save(plain, handle))
+
+
+def load_resume_state(path) -> dict:
+    """The resume state at ``path``, loaded with the restricted loader."""
+    from recbole_freq.checkpoint.loader import load_checkpoint
+
+    state = load_checkpoint(path)
+    if state.get("format") != RESUME_FORMAT or "next_epoch" not in state:
+        raise ResumeError(
+            f"{path} is not a recbole-freq resume state (those end in {RESUME_SUFFIX} and "
+            "are written next to the checkpoint of a run in progress)"
+        )
+    return state
+
+
+def apply_resume_state(state: dict, trainer, recorder, loaders) -> None:
+    """Put ``trainer``, ``recorder`` and the loaders where the saved run stood; the random
+    generators last, right before ``fit`` continues.
+
+    The trainer keeps the checkpoint file its caller chose (``trainer.saved_model_file``,
+    from the run's configuration or the resume file's location): a resume state names
+    no file to write, so a forged one cannot direct the run's output anywhere.  The best
+    weights so far are written there at once, so that the checkpoint the run's summary
+    names exists even if no later epoch improves on them."""
+    trainer.model.load_state_dict(state["state_dict"])
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.start_epoch = state["next_epoch"]
+    trainer.cur_step = state["cur_step"]
+    trainer.best_valid_score = state["best_valid_score"]
+    trainer.best_valid_result = state["best_valid_result"] or None
+    if state["best_state"] is not None:
+        _save_best_so_far(trainer, state["best_state"]["state_dict"], state)
+    recorder.epochs[:] = state["history"]
+    recorder.train_seconds = state["train_seconds"]
+    if len(loaders) != len(state["loader_generators"]):
+        raise ResumeError("the resume state was written for other data loaders")
+    for loader, generator_state in zip(loaders, state["loader_generators"]):
+        loader.generator.set_state(generator_state)
+    _set_rng_state(state["rng"])
+
+
+def _save_best_so_far(trainer, best_weights: dict, state: dict) -> None:
+    """The trainer's checkpoint of the best epoch so far (RecBole's ``_save_checkpoint``,
+    which also keeps those weights in memory for the test evaluation), written with the
+    best weights in the model for the moment it takes."""
+    model = trainer.model
+    current = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    model.load_state_dict(best_weights)
+    try:
+        # cur_step counts the epochs since the best one (RecBole's early stopping).
+        trainer._save_checkpoint(state["next_epoch"] - 1 - state["cur_step"], verbose=False)
+    finally:
+        model.load_state_dict(current)
+
+
+def settings_differences(saved_config, config) -> list[str]:
+    """Settings that differ between the interrupted run and this one (device and
+    progress display may change)."""
+    ignored = {"device", "show_progress", "gpu_id", "checkpoint_dir", "data_path"}
+    old, new = saved_config.final_config_dict, config.final_config_dict
+    return [
+        f"{key}: {old.get(key)!r} then, {new.get(key)!r} now"
+        for key in sorted(set(old) | set(new))
+        if key not in ignored and str(old.get(key)) != str(new.get(key))
+    ]
