@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from conftest import SMALL_MODEL
-from recbole_freq.checkpoint.loader import restore_model
 from recbole_freq.cli import main
 from recbole_freq.jobs.analyze.measures import (
     EncoderProbe,
@@ -21,6 +20,7 @@ from recbole_freq.jobs.analyze.measures import (
 from recbole_freq.model.frequency import low_pass_projector
 from recbole_freq.model.layers import build_attention_mask
 from recbole_freq.quick_start.quick_start import run
+from recbole_freq.quick_start.restore import restore_model
 
 N = 12
 

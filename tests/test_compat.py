@@ -11,7 +11,8 @@ from recbole.data import create_dataset
 from recbole.evaluator.metrics import NDCG, Hit
 
 from conftest import prepare, without_transformer_settings
-from recbole_freq import compat
+from recbole_freq.checkpoint.schema import UntrustedCheckpointError
+from recbole_freq.compat import numeric_stack
 from recbole_freq.config.configurator import FreqConfig
 from recbole_freq.data.guard import DatasetNotPreparedError
 
@@ -38,7 +39,7 @@ def test_recboles_trainer_unpickles_no_checkpoint(tmp_path):
     # Fix 2: every torch.load of RecBole's trainer goes through the restricted loader.
     path = tmp_path / "any.pth"
     torch.save({"config": NotAllowlisted(), "state_dict": {}}, path)
-    with pytest.raises(compat.UntrustedCheckpointError, match="test_compat.NotAllowlisted"):
+    with pytest.raises(UntrustedCheckpointError, match="test_compat.NotAllowlisted"):
         trainer_module.torch.load(str(path))
 
 
@@ -71,7 +72,7 @@ def test_pandas_3_is_refused_with_the_fix(monkeypatch):
         lambda name: "3.1.0" if name == "pandas" else real_version(name),
     )
     with pytest.raises(ImportError, match=r"pandas < 3 \(found 3.1.0\)"):
-        compat._require_pandas_below_3()
+        numeric_stack.require_pandas_below_3()
 
 
 def test_recbole_never_downloads_a_missing_dataset(tmp_path):

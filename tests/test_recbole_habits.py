@@ -13,7 +13,7 @@ import torch
 from conftest import REPO_ROOT
 from recbole_freq.cli import main
 from recbole_freq.cli.train import _default_job_files, build_parser, format_summary
-from recbole_freq.compat import current_log_file
+from recbole_freq.compat.logs import current_log_file
 from recbole_freq.quick_start.quick_start import run
 
 # RecBole's collector crashed on these after the first evaluation (compat fix 10).
@@ -93,7 +93,7 @@ def test_recboles_load_data_and_model_reloads_a_plugin_checkpoint(small_config):
     from recbole.quick_start import load_data_and_model
     from recbole.utils.case_study import full_sort_topk
 
-    from recbole_freq.checkpoint.loader import restore_model
+    from recbole_freq.quick_start.restore import restore_model
 
     summary = run("BSARec", "tiny", config_dict=dict(small_config, epochs=1))
     config, model, dataset, _, _, test_data = load_data_and_model(summary["checkpoint"])
@@ -109,7 +109,7 @@ def test_recboles_load_data_and_model_reloads_a_plugin_checkpoint(small_config):
 def test_recboles_load_data_and_model_runs_no_code_from_a_checkpoint(tmp_path):
     from recbole.quick_start import load_data_and_model
 
-    from recbole_freq.compat import UntrustedCheckpointError
+    from recbole_freq.checkpoint.schema import UntrustedCheckpointError
 
     path = tmp_path / "evil.pth"
     torch.save({"config": subprocess.Popen, "state_dict": {}}, path)
@@ -169,7 +169,7 @@ def test_importing_the_plugin_imports_no_ray_and_still_guards_recboles_quick_sta
     assert done.returncode == 0, done.stderr
     ray_imported, modules = done.stdout.splitlines()
     assert ray_imported == ("True" if "recbole.quick_start" in first else "False")
-    assert modules.split() == ["recbole_freq.compat"] * 3
+    assert modules.split() == ["recbole_freq.compat.trainer"] * 3
 
 
 def test_a_plain_training_run_imports_no_ray(tiny_data, tmp_path):

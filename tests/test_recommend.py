@@ -16,14 +16,13 @@ from conftest import SMALL_MODEL, write_sequences
 from dataset_prep import convert_one_line
 from recbole_freq.checkpoint.loader import (
     CheckpointError,
-    CheckpointMismatchError,
     UntrustedCheckpointError,
     load_checkpoint,
-    restore_model,
 )
 from recbole_freq.cli import main
 from recbole_freq.jobs.recommend import recommend, user_ids
 from recbole_freq.quick_start.quick_start import run
+from recbole_freq.quick_start.restore import CheckpointMismatchError, restore_model
 
 K = 5
 

@@ -5,9 +5,10 @@ import math
 import pytest
 import torch
 
-from recbole_freq.checkpoint.loader import restore_model, weights_fingerprint
+from recbole_freq.checkpoint.loader import weights_fingerprint
 from recbole_freq.model import MODELS
 from recbole_freq.quick_start.quick_start import REPORTED_METRICS, run
+from recbole_freq.quick_start.restore import restore_model
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))

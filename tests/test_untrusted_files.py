@@ -251,7 +251,7 @@ def test_non_finite_weights_are_refused(genuine, tmp_path, capsys):
 def test_config_sizes_that_do_not_fit_the_weights_build_nothing(
     genuine, tmp_path, capsys, monkeypatch
 ):
-    import recbole_freq.compat as compat
+    import recbole_freq.compat.data as compat_data
 
     checkpoint = load_checkpoint(genuine["checkpoint"])
     checkpoint["config"]["MAX_ITEM_LIST_LENGTH"] = 1_000_000
@@ -261,7 +261,7 @@ def test_config_sizes_that_do_not_fit_the_weights_build_nothing(
     def no_dataset(config):
         raise AssertionError("the dataset was built before the sizes were checked")
 
-    monkeypatch.setattr(compat, "_recbole_dataset_class", no_dataset)
+    monkeypatch.setattr(compat_data, "_recbole_dataset_class", no_dataset)
     assert main(["--recommend", str(edited), "--users", "1"]) == 2
     err = capsys.readouterr().err
     assert "MAX_ITEM_LIST_LENGTH=1000000 but position_embedding.weight has 12 positions" in err

@@ -39,9 +39,7 @@ in full, not even one this process wrote: RecBole's trainer loads through this m
 (``recbole_freq.compat``, fix 2), because a file is trusted by its content, never by its
 path.
 
-Rebuilding a checkpoint's dataset (``restore_model``) reads only the atomic files: RecBole's
-pickled dataset and dataloader caches are never read (``recbole_freq.compat``, fix 8), and
-cache paths named in the checkpoint's config are dropped with a warning.
+Rebuilding a model and its data from a checkpoint is ``recbole_freq.quick_start.restore``.
 """
 
 from __future__ import annotations
@@ -56,15 +54,12 @@ from recbole_freq.checkpoint.safe_pickle import (
     restricted_pickle_module,
     torch_weights_only_globals,
 )
-from recbole_freq.checkpoint.schema import CheckpointError, checked
-from recbole_freq.compat import UntrustedCheckpointError
+from recbole_freq.checkpoint.schema import CheckpointError, UntrustedCheckpointError, checked
 
 __all__ = [
     "CheckpointError",
     "UntrustedCheckpointError",
     "load_checkpoint",
-    "describe_checkpoint",
-    "restore_model",
     "verify_archive",
     "weights_fingerprint",
     "pickled_globals",
@@ -153,195 +148,3 @@ def weights_fingerprint(state_dict: dict) -> str:
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
-
-
-class CheckpointMismatchError(ValueError):
-    """A checkpoint whose weights do not fit the dataset it is being used with."""
-
-
-def restore_model(path, data_path=None, device="cpu", adjust=None):
-    """Rebuild a trained model and its data from a checkpoint, loaded safely.
-
-    The dataset is rebuilt from the checkpoint's own config (same dataset name, filters,
-    split and ``MAX_ITEM_LIST_LENGTH``) with RecBole's ``create_dataset`` and
-    ``data_preparation``; ``data_path`` (the folder that holds ``<dataset>/``) replaces
-    the path recorded at training time.  Every weight of the checkpoint must fit the model
-    built on that dataset (same names and shapes, e.g. as many item embeddings as the
-    dataset has items), else ``CheckpointMismatchError`` says what differs.
-
-    ``adjust(config)``: called before the data is loaded, to change how the model is
-    evaluated (``recbole_freq.jobs.evaluate``).
-
-    Returns ``(model, config, dataset, (train_data, valid_data, test_data), checkpoint)``;
-    the model is in evaluation mode on ``device``.
-    """
-    from recbole_freq.config.configurator import parse_device
-    from recbole_freq.data.guard import check_prepared
-    from recbole_freq.quick_start.quick_start import load_splits, new_model
-
-    checkpoint = load_checkpoint(path)
-    config = checkpoint["config"]
-    _drop_pickled_cache_settings(config, path)
-    in_one_process(config)
-    _check_sizes_before_building(config, checkpoint["state_dict"], path)
-    checkpoint["weights_sha256"] = weights_fingerprint(checkpoint["state_dict"])
-    _compare_with_run_summary(path, checkpoint["weights_sha256"])
-    if data_path is not None:
-        config["data_path"] = os.path.join(str(data_path), config["dataset"])
-    config["device"] = parse_device(device)
-    config["show_progress"] = False
-    if adjust is not None:
-        adjust(config)
-    check_prepared(config)
-    _check_same_data(config, path)
-    dataset, loaders = load_splits(config)
-    try:
-        model = new_model(config, loaders[0])
-    except ValueError as error:
-        raise CheckpointMismatchError(
-            f"checkpoint {str(path)!r}: its config cannot build the {config['model']} it "
-            f"records ({error}); the file was edited or damaged"
-        ) from error
-    _check_state_fits(model, checkpoint["state_dict"], path, config, dataset)
-    model.load_state_dict(checkpoint["state_dict"])
-    model.load_other_parameter(checkpoint.get("other_parameter"))
-    model.to(config["device"]).eval()
-    return model, config, dataset, loaders, checkpoint
-
-
-def describe_checkpoint(path, config, checkpoint) -> str:
-    """One line naming what ``restore_model`` loaded, for the user to check."""
-    from recbole_freq.protocol import protocol_label
-
-    return (
-        f"checkpoint {path}: {config['model']} on {config['dataset']}, epoch "
-        f"{checkpoint.get('epoch')}, protocol {protocol_label(config)}, weights sha256 "
-        f"{checkpoint['weights_sha256'][:16]}"
-    )
-
-
-def _check_sizes_before_building(config, state: dict, path) -> None:
-    """The config's sizes must fit the weights *before* the dataset and model are built:
-    an edited ``MAX_ITEM_LIST_LENGTH: 1000000`` would otherwise allocate tens of GB."""
-    problems = []
-    length = config["MAX_ITEM_LIST_LENGTH"]
-    for name, tensor in state.items():
-        # (L, d) in SASRec-style models, (L + 1, d) where a mask token has a position.
-        if name.endswith("position_embedding.weight") and tensor.dim() == 2:
-            if not isinstance(length, int) or length not in (tensor.shape[0], tensor.shape[0] - 1):
-                problems.append(
-                    f"MAX_ITEM_LIST_LENGTH={length!r} but {name} has {tensor.shape[0]} positions"
-                )
-        if name.endswith("item_embedding.weight") and tensor.dim() == 2:
-            # Items are embedded at hidden_size (SASRec and the plugin's models) or at
-            # embedding_size (GRU4Rec, NARM, Caser, STAMP ...: their hidden_size sizes
-            # the recurrent or convolutional state).
-            sizes = {
-                key: config[key]
-                for key in ("hidden_size", "embedding_size")
-                if config[key] is not None
-            }
-            # SSE-PT's input: item and user embeddings side by side fill the hidden size
-            user = state.get(name.replace("item_embedding", "user_embedding"))
-            width = tensor.shape[1] + (user.shape[1] if user is not None and user.dim() == 2 else 0)
-            if sizes and width not in sizes.values() and tensor.shape[1] not in sizes.values():
-                named = ", ".join(f"{key}={value!r}" for key, value in sizes.items())
-                problems.append(f"{named} but {name} is {tuple(tensor.shape)}")
-    if problems:
-        raise CheckpointMismatchError(
-            f"checkpoint {str(path)!r}: its config does not fit its own weights "
-            f"({'; '.join(problems[:3])}); the file was edited or damaged, nothing was built"
-        )
-
-
-def _compare_with_run_summary(path, fingerprint: str) -> None:
-    """Warn when the run summary written beside the checkpoint recorded other weights."""
-    import json
-    import sys
-
-    summary_file = Path(path).with_suffix(".json")
-    try:
-        recorded = json.loads(summary_file.read_text(encoding="utf-8")).get("weights_sha256")
-    except (OSError, ValueError, AttributeError):
-        return
-    if recorded and recorded != fingerprint:
-        print(
-            f"warning: checkpoint {str(path)!r} holds weights {fingerprint[:16]}, but its run "
-            f"summary {summary_file} recorded {recorded[:16]}: the file was replaced after "
-            "the run",
-            file=sys.stderr,
-        )
-
-
-def _check_same_data(config, path) -> None:
-    """The dataset must be the one the checkpoint was trained on, not another one
-    prepared under the same name since."""
-    from recbole_freq.data.guard import dataset_fingerprint
-
-    recorded = config["dataset_sha256"]
-    if not recorded:
-        return  # written before fingerprints were recorded
-    current = dataset_fingerprint(config)
-    if current != recorded:
-        raise CheckpointMismatchError(
-            f"checkpoint {str(path)!r} was trained on dataset {config['dataset']!r} with "
-            f"sha256 {recorded[:16]}, but {config['data_path']} now holds sha256 "
-            f"{current[:16]}: the dataset was prepared again with other content. Point "
-            "--data_path at the data it was trained on."
-        )
-
-
-def in_one_process(config) -> None:
-    """The config of a data-parallel run (``--nproc``) as one process's: the checkpoint
-    is read here, with no process group, so the loaders must not be sharded."""
-    if config["single_spec"] is False:
-        config["single_spec"] = True
-        config["local_rank"] = 0
-
-
-def _drop_pickled_cache_settings(config, path) -> None:
-    """A checkpoint's config may name pickles to read (``dataset_save_path``,
-    ``dataloaders_save_path``): ignored, with a warning, as are its cache-saving switches."""
-    import sys
-
-    from recbole_freq.compat import PICKLED_CACHE_PATH_KEYS, PICKLED_CACHE_SAVE_KEYS
-
-    for key in PICKLED_CACHE_PATH_KEYS:
-        if config[key]:
-            print(
-                f"warning: checkpoint {str(path)!r} names {key}={config[key]!r}; ignored "
-                "(pickled caches can run code): the dataset is rebuilt from its atomic files",
-                file=sys.stderr,
-            )
-            config[key] = None
-    for key in PICKLED_CACHE_SAVE_KEYS:
-        config[key] = False
-
-
-def _check_state_fits(model, state: dict, path, config, dataset) -> None:
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    shapes = [
-        f"{name}: checkpoint {tuple(state[name].shape)}, model {tuple(expected[name].shape)}"
-        for name in expected
-        if name in state and state[name].shape != expected[name].shape
-    ]
-    if not (missing or unexpected or shapes):
-        return
-    if missing or unexpected:
-        # Other names, not other sizes: the weights belong to another architecture.
-        raise CheckpointMismatchError(
-            f"checkpoint {str(path)!r}: its weights are not those of a {config['model']} "
-            f"(the model it records): {len(missing)} of the model's weights are missing "
-            f"(e.g. {', '.join(missing[:2]) or '-'}) and {len(unexpected)} are unknown to it "
-            f"(e.g. {', '.join(unexpected[:2]) or '-'}); the file was edited or damaged"
-        )
-    problems = ["shapes differ (" + "; ".join(shapes[:5]) + ")"]
-    raise CheckpointMismatchError(
-        f"checkpoint {str(path)!r} ({config['model']}) does not fit dataset "
-        f"{config['dataset']!r} at {config['data_path']} ({dataset.user_num - 1} users, "
-        f"{dataset.item_num - 1} items): {'; '.join(problems)}. It was trained on other "
-        "data (or another version of it): point --data_path at the folder holding the "
-        "dataset it was trained on."
-    )

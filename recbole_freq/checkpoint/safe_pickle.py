@@ -14,8 +14,12 @@ import pickletools
 import types
 import zipfile
 
-from recbole_freq.checkpoint.schema import ENUM_NAMES, CheckpointError, config_loaders
-from recbole_freq.compat import UntrustedCheckpointError
+from recbole_freq.checkpoint.schema import (
+    ENUM_NAMES,
+    CheckpointError,
+    UntrustedCheckpointError,
+    config_loaders,
+)
 
 MODEL_PACKAGES = ("recbole.model.", "recbole_freq.model.")
 

@@ -39,6 +39,10 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, unreadable or not a RecBole checkpoint."""
 
 
+class UntrustedCheckpointError(ValueError):
+    """A checkpoint whose pickle names or calls something a RecBole checkpoint never holds."""
+
+
 def _integer(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

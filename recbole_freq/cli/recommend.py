@@ -87,12 +87,7 @@ def _users_to_read(model, config, splits, tokens, uids, args):
 def cli(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     # Only now: the checkpoint and its dataset load torch and RecBole.
-    from recbole_freq.checkpoint.loader import (
-        CheckpointError,
-        UntrustedCheckpointError,
-        describe_checkpoint,
-        restore_model,
-    )
+    from recbole_freq.checkpoint.loader import CheckpointError, UntrustedCheckpointError
     from recbole_freq.jobs.recommend import (
         format_recommendations,
         known_users,
@@ -101,6 +96,7 @@ def cli(argv: list[str]) -> int:
         recommend,
         user_ids,
     )
+    from recbole_freq.quick_start.restore import describe_checkpoint, restore_model
 
     fmt = args.format or ("json" if (args.output or "").endswith(".json") else "csv")
     try:

@@ -81,7 +81,7 @@ def evaluate_checkpoint(path, variants, data_path=None, device="cpu") -> list[di
     seed, so a variant gives the same numbers every time."""
     from recbole.utils import init_seed
 
-    from recbole_freq.checkpoint.loader import restore_model
+    from recbole_freq.quick_start.restore import restore_model
 
     parsed = [(str(variant), parse_variant(variant)) for variant in variants]
     results = []

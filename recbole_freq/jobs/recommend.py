@@ -196,7 +196,7 @@ def single_item_histories(config, uids: np.ndarray, fields) -> dict[int, dict[st
     Users without any interaction are left out."""
     if not len(uids):
         return {}
-    from recbole_freq.compat import create_dataset_from_atomic_files
+    from recbole_freq.compat.data import create_dataset_from_atomic_files
 
     frame = create_dataset_from_atomic_files(config).inter_feat
     frame = frame[frame[config["USER_ID_FIELD"]].isin(uids)]

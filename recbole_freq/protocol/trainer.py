@@ -155,7 +155,7 @@ class ProtocolTrainer:
         self._eval_data = eval_data
         if self.config["single_spec"] is not False:
             return super().evaluate(eval_data, load_best_model, model_file, show_progress)
-        from recbole_freq.quick_start.distributed import broadcast_from_writer, writing_rank
+        from recbole_freq.utils.process_group import broadcast_from_writer, writing_rank
 
         result = None
         if writing_rank(self.config):

@@ -53,7 +53,8 @@ import tempfile
 
 import torch
 
-from recbole_freq.compat import writing_rank
+from recbole_freq.utils.process_group import broadcast_from_writer, meet_through_file, writing_rank
+from recbole_freq.utils.signals import RunInterrupted
 
 __all__ = [
     "DataParallelError",
@@ -133,19 +134,6 @@ def data_parallel_settings(config) -> dict | None:
     }
 
 
-# The file through which this launched process meets the others (``None``: RecBole's
-# ``tcp://ip:port``).  A port picked free by the launcher could be taken by another
-# program before process 0 binds it, seconds later; a fresh file cannot.
-_rendezvous_file: str | None = None
-
-
-def init_method(config_values) -> str:
-    """Where the processes of this run meet, for ``init_process_group``."""
-    if _rendezvous_file is not None:
-        return f"file://{_rendezvous_file}"
-    return f"tcp://{config_values['ip']}:{config_values['port']}"
-
-
 @contextlib.contextmanager
 def whole_loaders(config):
     """RecBole's loaders built inside are not sharded (``single_spec``): evaluation
@@ -168,36 +156,34 @@ def shard_training_loader(config, loader):
     return sharded
 
 
-def broadcast_from_writer(value):
-    """``value`` of global rank 0, on every rank."""
-    holder = [value]
-    torch.distributed.broadcast_object_list(holder, src=0)
-    return holder[0]
-
-
-def run_data_parallel(config_args: tuple, saved: bool, settings: dict):
-    """Run ``quick_start.run_config`` in ``settings['nproc']`` processes of a
+def run_data_parallel(run_config, config_args: tuple, saved: bool, settings: dict):
+    """Run ``run_config`` (``quick_start.run_config``, a module-level function each
+    spawned process imports) in ``settings['nproc']`` processes of a
     data-parallel group and return global rank 0's summary (``None`` on a machine whose
     processes do not include rank 0).  ``config_args``: ``FreqConfig``'s arguments
     (model, dataset, config files, config_dict, command-line overrides, paper,
     shared_with), from which each process rebuilds the config with its rank.  A failure
     in any process ends them all and is raised here as that process raised it."""
     if settings["port"] is not None:
-        return _spawn_and_wait(config_args, saved, settings, None)
+        return _spawn_and_wait(run_config, config_args, saved, settings, None)
     with tempfile.TemporaryDirectory(
         prefix="recbole-freq-rendezvous-", ignore_cleanup_errors=True
     ) as folder:
-        return _spawn_and_wait(config_args, saved, settings, os.path.join(folder, "store"))
+        return _spawn_and_wait(
+            run_config, config_args, saved, settings, os.path.join(folder, "store")
+        )
 
 
-def _spawn_and_wait(config_args: tuple, saved: bool, settings: dict, rendezvous: str | None):
+def _spawn_and_wait(
+    run_config, config_args: tuple, saved: bool, settings: dict, rendezvous: str | None
+):
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException
 
     queue = mp.get_context("spawn").SimpleQueue()
     context = mp.spawn(
         _worker,
-        args=(config_args, saved, settings, rendezvous, queue),
+        args=(run_config, config_args, saved, settings, rendezvous, queue),
         nprocs=settings["nproc"],
         join=False,
     )
@@ -226,8 +212,6 @@ def _spawn_and_wait(config_args: tuple, saved: bool, settings: dict, rendezvous:
                 process.terminate()
         for process in context.processes:
             process.join(timeout=10)
-        from recbole_freq.quick_start.quick_start import RunInterrupted
-
         raise RunInterrupted(
             "training stopped; a data-parallel run keeps no resume state, so it starts "
             "again from epoch 0 (the checkpoint of its best epoch so far, if any, is kept)"
@@ -255,13 +239,17 @@ def _failure(messages, failure) -> BaseException:
 
 
 def _worker(
-    local_rank: int, config_args: tuple, saved: bool, settings: dict, rendezvous, queue
+    local_rank: int,
+    run_config,
+    config_args: tuple,
+    saved: bool,
+    settings: dict,
+    rendezvous,
+    queue,
 ) -> None:
-    global _rendezvous_file
     from recbole_freq.config.configurator import FreqConfig
-    from recbole_freq.quick_start.quick_start import run_config
 
-    _rendezvous_file = rendezvous
+    meet_through_file(rendezvous)
     rank = settings["offset"] + local_rank
     model, dataset, config_files, config_dict, *rest = config_args
     config_dict = {**(config_dict or {}), **settings, "local_rank": local_rank}

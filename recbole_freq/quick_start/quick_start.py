@@ -25,7 +25,8 @@ from recbole.data.utils import create_samplers, get_dataloader
 from recbole.utils import ModelType, dict2str, get_flops, init_logger, init_seed, set_color
 
 from recbole_freq.checkpoint.loader import weights_fingerprint
-from recbole_freq.compat import current_log_file, saved_state
+from recbole_freq.compat.logs import current_log_file
+from recbole_freq.compat.trainer import saved_state
 from recbole_freq.config.configurator import FreqConfig, get_model_class
 from recbole_freq.data.guard import check_prepared, dataset_fingerprint, inter_columns, inter_files
 from recbole_freq.data.noise import corrupt_training_data
@@ -181,12 +182,12 @@ def run(
         paper,
         tuple(shared_with),
     )
-    return run_data_parallel(config_args, saved, parallel)
+    return run_data_parallel(run_config, config_args, saved, parallel)
 
 
 def resume_run(path) -> dict:
     """Continue the run whose resume state is ``path`` (``--resume``)."""
-    from recbole_freq.checkpoint.loader import _drop_pickled_cache_settings
+    from recbole_freq.quick_start.restore import _drop_pickled_cache_settings
 
     state = load_resume_state(path)
     config = state["config"]

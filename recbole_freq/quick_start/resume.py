@@ -79,7 +79,7 @@ def _set_rng_state(state: dict) -> None:
 def save_resume_state(path, trainer, recorder, loaders, next_epoch: int) -> None:
     """Write the state before epoch ``next_epoch`` (all earlier epochs complete)."""
     from recbole_freq.checkpoint.schema import to_plain_checkpoint
-    from recbole_freq.compat import saved_state
+    from recbole_freq.compat.trainer import saved_state
     from recbole_freq.utils.files import write_atomic
 
     best = saved_state(trainer)

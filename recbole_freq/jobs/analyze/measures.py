@@ -380,7 +380,7 @@ def model_specific(model, batches) -> dict:
 def analyse_checkpoint(path, data_path=None, max_sequences=DEFAULT_MAX_SEQUENCES, device="cpu"):
     """Load ``path`` safely, rebuild its dataset and analyse it on validation sequences."""
 
-    from recbole_freq.checkpoint.loader import describe_checkpoint, restore_model
+    from recbole_freq.quick_start.restore import describe_checkpoint, restore_model
 
     model, config, _, loaders, checkpoint = restore_model(path, data_path, device)
     print(describe_checkpoint(path, config, checkpoint), file=sys.stderr)
