@@ -8,6 +8,7 @@ complete new one, never a partial write.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import secrets
@@ -210,3 +211,12 @@ def _make_dirs(directory: Path) -> list[Path]:
                 path.rmdir()
         raise
     return created
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -38,8 +38,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .atomic import file_sha256
 from .errors import DatasetPrepError, UsageError
-from .pipeline import file_sha256
 
 RAW, ONE_LINE_SOURCE = "raw", "one-line"
 BLOCK = 1 << 16

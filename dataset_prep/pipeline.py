@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from . import procedure
-from .atomic import staged_output
+from .atomic import file_sha256, staged_output
 from .errors import RawFormatError, StatsMismatchError, UsageError
 from .one_line import looks_like_one_line
 from .raw import RawSequences, RawSource
@@ -210,14 +210,6 @@ def convert_one_line(
         show_progress=show_progress,
         force=force,
     ).stats
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _refuse_replacing_other_data(

@@ -52,10 +52,17 @@ def test_wheel_install_finds_property_files(tmp_path, wheel):
         "dataset_prep/__main__.py",
         "recbole_freq/__main__.py",
         "recbole_freq/cli/__init__.py",
-        "recbole_freq/tune/search.py",
+        "recbole_freq/jobs/tune/search.py",
         "recbole_freq/model/encoder.py",
     ):
         assert expected in names
+    # Every module of both packages (a subpackage left out of setup.cfg would be missing).
+    sources = {
+        path.relative_to(REPO_ROOT).as_posix()
+        for package in ("recbole_freq", "dataset_prep")
+        for path in (REPO_ROOT / package).rglob("*.py")
+    }
+    assert sorted(sources - names) == []
     assert any(name.endswith(".dist-info/LICENSE") or "/licenses/LICENSE" in name for name in names)
 
     target = tmp_path / "site"

@@ -148,3 +148,30 @@ def weights_fingerprint(state_dict: dict) -> str:
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+def in_one_process(config) -> None:
+    """The config of a data-parallel run (``--nproc``) as one process's: the checkpoint
+    is read here, with no process group, so the loaders must not be sharded."""
+    if config["single_spec"] is False:
+        config["single_spec"] = True
+        config["local_rank"] = 0
+
+
+def drop_pickled_cache_settings(config, path) -> None:
+    """A checkpoint's config may name pickles to read (``dataset_save_path``,
+    ``dataloaders_save_path``): ignored, with a warning, as are its cache-saving switches."""
+    import sys
+
+    from recbole_freq.compat.data import PICKLED_CACHE_PATH_KEYS, PICKLED_CACHE_SAVE_KEYS
+
+    for key in PICKLED_CACHE_PATH_KEYS:
+        if config[key]:
+            print(
+                f"warning: checkpoint {str(path)!r} names {key}={config[key]!r}; ignored "
+                "(pickled caches can run code): the dataset is rebuilt from its atomic files",
+                file=sys.stderr,
+            )
+            config[key] = None
+    for key in PICKLED_CACHE_SAVE_KEYS:
+        config[key] = False

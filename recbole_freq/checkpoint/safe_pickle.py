@@ -6,7 +6,6 @@ See ``recbole_freq.checkpoint.loader`` for what the allowlist holds and why.
 
 from __future__ import annotations
 
-import importlib
 import io
 import os
 import pickle
@@ -19,9 +18,8 @@ from recbole_freq.checkpoint.schema import (
     CheckpointError,
     UntrustedCheckpointError,
     config_loaders,
+    model_class,
 )
-
-MODEL_PACKAGES = ("recbole.model.", "recbole_freq.model.")
 
 
 def _fixed_allowlist() -> dict[tuple[str, str], tuple[object, str]]:
@@ -112,21 +110,6 @@ def pickled_globals(path: str | os.PathLike) -> list[tuple[str, str]]:
     except Exception as error:  # a truncated or corrupt stream
         raise CheckpointError(f"{path}: its pickle stream is corrupt ({error})") from error
     return sorted(set(found))
-
-
-def model_class(module: str, name: str):
-    """The recommender class ``module.name`` if it is one of RecBole's or the plugin's."""
-    if not module.startswith(MODEL_PACKAGES) or "." in name:
-        return None
-    try:
-        candidate = getattr(importlib.import_module(module), name, None)
-    except ImportError:
-        return None
-    from recbole.model.abstract_recommender import AbstractRecommender
-
-    if isinstance(candidate, type) and issubclass(candidate, AbstractRecommender):
-        return candidate
-    return None
 
 
 def allowed_globals(names) -> dict[tuple[str, str], tuple[object, str]]:

@@ -21,6 +21,8 @@ used.
 
 from __future__ import annotations
 
+import importlib
+
 FORMAT_TAG = "__recbole_freq__"
 CONFIG_CLASSES = ("Config", "FreqConfig")
 ENUM_NAMES = (
@@ -305,7 +307,7 @@ def config_loaders() -> tuple:
     """The yaml loader classes a RecBole or plugin ``Config`` keeps (``yaml_loader``)."""
     import yaml
 
-    from recbole_freq.config.configurator import SafeConfigLoader
+    from recbole_freq.utils.property_files import SafeConfigLoader
 
     return (yaml.loader.FullLoader, yaml.loader.Loader, yaml.loader.SafeLoader, SafeConfigLoader)
 
@@ -313,8 +315,6 @@ def config_loaders() -> tuple:
 def allowed_class(module, name):
     """The class ``module.name`` if a config may refer to it: a recommender class of
     ``recbole.model`` / ``recbole_freq.model``, or one of the yaml loaders configs keep."""
-    from recbole_freq.checkpoint.safe_pickle import model_class
-
     if not isinstance(module, str) or not isinstance(name, str):
         return None
     for loader in config_loaders():
@@ -332,3 +332,22 @@ def to_plain_checkpoint(state: dict) -> dict:
         key: config_to_plain(value) if isinstance(value, Config) else _encode(value)
         for key, value in state.items()
     }
+
+
+# Where a checkpoint's model class may come from: installed recommender code only.
+MODEL_PACKAGES = ("recbole.model.", "recbole_freq.model.")
+
+
+def model_class(module: str, name: str):
+    """The recommender class ``module.name`` if it is one of RecBole's or the plugin's."""
+    if not module.startswith(MODEL_PACKAGES) or "." in name:
+        return None
+    try:
+        candidate = getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+    from recbole.model.abstract_recommender import AbstractRecommender
+
+    if isinstance(candidate, type) and issubclass(candidate, AbstractRecommender):
+        return candidate
+    return None

@@ -18,20 +18,22 @@ malformed, not a mapping or unreadable is one clear error naming the file.
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 
-import yaml
 from recbole.config import Config
 from recbole.utils import ModelType
 
 from recbole_freq.model import MODELS
-from recbole_freq.protocol import DEFAULT_PROTOCOL, protocol_file
+from recbole_freq.protocol import DEFAULT_PROTOCOL, protocol_file, protocol_settings
 from recbole_freq.utils.property_files import (  # noqa: F401  (their names here before)
+    MAX_CONFIG_VALUES,
+    ConfigFileError,
+    SafeConfigLoader,
     builtin_files,
     find_config_file,
     properties_dir,
+    read_config_file,
 )
 
 
@@ -148,121 +150,6 @@ def chosen_protocol(files, config_dict, cmd_overrides) -> str:
     return DEFAULT_PROTOCOL
 
 
-class ConfigFileError(ValueError):
-    """A config file that cannot be read as a yaml mapping of settings."""
-
-
-class SafeConfigLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` (no Python tags) with RecBole's float resolver, so that
-    ``1e-3`` is a float as in RecBole's own loader, and no duplicate keys: yaml keeps the
-    last of two, so a setting given twice silently lost its first value."""
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            lines = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    first = lines.get(key)
-                except TypeError:  # an unhashable key: yaml's own error follows
-                    continue
-                if first is not None:
-                    raise yaml.constructor.ConstructorError(
-                        None,
-                        None,
-                        f"{key!r} is given twice (first on line {first + 1}); yaml would keep "
-                        "only the last: give each setting once",
-                        key_node.start_mark,
-                    )
-                lines[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep)
-
-
-# Values a config file may expand to through yaml aliases (a "billion laughs" file is a
-# few lines that expand to billions).
-MAX_CONFIG_VALUES = 100_000
-
-
-def _expanded_size(node, path) -> int:
-    """How many values ``node`` stands for once its aliases are expanded;
-    ``ConfigFileError`` beyond ``MAX_CONFIG_VALUES`` or for a recursive alias."""
-    sizes, on_path = {}, set()
-
-    def size(current) -> int:
-        key = id(current)
-        if key in sizes:
-            return sizes[key]
-        if key in on_path:
-            raise ConfigFileError(f"config file {path}: a yaml alias refers to itself")
-        on_path.add(key)
-        total = 1
-        if isinstance(current, yaml.SequenceNode):
-            total += sum(size(child) for child in current.value)
-        elif isinstance(current, yaml.MappingNode):
-            total += sum(size(k) + size(v) for k, v in current.value)
-        on_path.discard(key)
-        if total > MAX_CONFIG_VALUES:
-            raise ConfigFileError(
-                f"config file {path}: its yaml aliases expand to more than "
-                f"{MAX_CONFIG_VALUES:,} values; a settings file never needs that many"
-            )
-        sizes[key] = total
-        return total
-
-    return size(node)
-
-
-SafeConfigLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |\.[0-9_]+(?:[eE][-+][0-9]+)?
-        |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
-
-
-def read_config_file(path) -> dict:
-    """The settings of one yaml config file; ``ConfigFileError`` in one line otherwise."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
-        raise ConfigFileError(f"config file {path}: cannot be read ({reason})") from error
-    loader = SafeConfigLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is not None:
-            _expanded_size(node, path)
-        loaded = loader.construct_document(node) if node is not None else None
-    except RecursionError as error:
-        raise ConfigFileError(f"config file {path}: nested too deeply to be settings") from error
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f", line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        if "python/" in str(error):
-            problem = "Python tags (!!python/...) are not allowed in config files"
-        raise ConfigFileError(f"config file {path}{where}: {problem}") from error
-    finally:
-        loader.dispose()
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict) or not all(isinstance(key, str) for key in loaded):
-        raise ConfigFileError(
-            f"config file {path} holds a {type(loaded).__name__}, not a mapping of settings "
-            "(write one `key: value` per line)"
-        )
-    return loaded
-
-
 def check_api_arguments(model, dataset, config_files, config_dict, cmd_overrides) -> None:
     """The Python API's arguments, checked as the command line checks its flags: one
     ``ValueError`` naming the argument, not an ``AttributeError`` from deep inside."""
@@ -371,6 +258,13 @@ class FreqConfig(Config):
             model=model_class, dataset=dataset, config_file_list=files, config_dict=config_dict
         )
         self._check_user_settings(model_class, given_dict)
+
+    def protocol_piece(self, piece: str) -> str:
+        """The run's value of protocol ``piece`` (``train_loss``, ``train_rows`` ...),
+        its protocol's default when unset; ``ProtocolError`` for an unknown value.  The
+        models ask the config, so that they need not import the protocol layer above
+        them."""
+        return protocol_settings(self)[piece]
 
     def _build_yaml_loader(self):
         return SafeConfigLoader

@@ -26,6 +26,7 @@ from recbole_freq.model.layers import (
     sequence_extent,
 )
 from recbole_freq.model.objectives import (
+    POSITION_TARGETS,
     DenoisingPass,
     build_objective,
     component_regularisation,
@@ -50,17 +51,14 @@ def probability(value, name: str) -> float:
 
 def trains_with_eq_4(config) -> bool:
     """Whether the run's protocol computes Rec-Denoiser's loss, eq. 4: binary
-    cross-entropy with one negative per target (``train_loss: bce``)."""
-    from recbole_freq.protocol import protocol_settings
-
-    return protocol_settings(config)["train_loss"] == "bce"
+    cross-entropy with one negative per target (``train_loss: bce``, set or implied by
+    the protocol's rows; ``FreqConfig.protocol_piece``)."""
+    return config.protocol_piece("train_loss") == "bce"
 
 
 def targets_per_row(dataset) -> float:
     """Mean number of targets of a training row: the per-position targets of SASRec's
     rows (``--protocol=sasrec``), else 1."""
-    from recbole_freq.protocol.rows import POSITION_TARGETS
-
     feat = dataset.inter_feat
     if POSITION_TARGETS not in feat.columns or len(dataset) == 0:
         return 1.0

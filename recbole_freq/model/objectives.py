@@ -20,6 +20,11 @@ from recbole_freq.utils.options import finite_non_negative
 
 JACOBIAN_NORMALIZATIONS = ("entry", "position", "sequence")
 
+# The field of a training row that holds a target at every position (SASRec's rows,
+# ``train_rows: last_n_all_positions``, written by ``recbole_freq.protocol.rows``): the
+# objectives and the sparsity scale count targets from it.
+POSITION_TARGETS = "protocol_position_targets"
+
 
 def jacobian_norm_estimate(
     block_input: torch.Tensor,

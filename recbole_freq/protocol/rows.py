@@ -9,7 +9,8 @@ import copy
 import numpy as np
 import torch
 
-from recbole_freq.protocol import (
+from recbole_freq.model.objectives import POSITION_TARGETS
+from recbole_freq.protocol.pieces import (
     DATA_PIECES,
     PIECES,
     ProtocolError,
@@ -19,7 +20,6 @@ from recbole_freq.protocol import (
 
 HISTORY_START = "protocol_history_start"
 HISTORY_LENGTH = "protocol_history_length"
-POSITION_TARGETS = "protocol_position_targets"
 
 
 class UserHistories:

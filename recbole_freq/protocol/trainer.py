@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from recbole_freq.protocol import ALL_POSITIONS, ProtocolError, protocol_settings
+from recbole_freq.protocol.pieces import ALL_POSITIONS, ProtocolError, protocol_settings
 from recbole_freq.protocol.rows import (
     HISTORY_LENGTH,
     HISTORY_START,

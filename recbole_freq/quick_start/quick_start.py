@@ -187,11 +187,11 @@ def run(
 
 def resume_run(path) -> dict:
     """Continue the run whose resume state is ``path`` (``--resume``)."""
-    from recbole_freq.quick_start.restore import _drop_pickled_cache_settings
+    from recbole_freq.checkpoint.loader import drop_pickled_cache_settings
 
     state = load_resume_state(path)
     config = state["config"]
-    _drop_pickled_cache_settings(config, path)
+    drop_pickled_cache_settings(config, path)
     # Outputs go beside the resume file, as the interrupted run wrote them: never where
     # the file's content (its config's checkpoint_dir) points.
     config["checkpoint_dir"] = str(Path(path).resolve().parent)

@@ -12,7 +12,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from recbole_freq.checkpoint.loader import load_checkpoint, weights_fingerprint
+from recbole_freq.checkpoint.loader import (
+    drop_pickled_cache_settings,
+    in_one_process,
+    load_checkpoint,
+    weights_fingerprint,
+)
 from recbole_freq.config.configurator import parse_device
 from recbole_freq.data.guard import check_prepared, dataset_fingerprint
 from recbole_freq.protocol import protocol_label
@@ -42,7 +47,7 @@ def restore_model(path, data_path=None, device="cpu", adjust=None):
 
     checkpoint = load_checkpoint(path)
     config = checkpoint["config"]
-    _drop_pickled_cache_settings(config, path)
+    drop_pickled_cache_settings(config, path)
     in_one_process(config)
     _check_sizes_before_building(config, checkpoint["state_dict"], path)
     checkpoint["weights_sha256"] = weights_fingerprint(checkpoint["state_dict"])
@@ -146,33 +151,6 @@ def _check_same_data(config, path) -> None:
             f"{current[:16]}: the dataset was prepared again with other content. Point "
             "--data_path at the data it was trained on."
         )
-
-
-def in_one_process(config) -> None:
-    """The config of a data-parallel run (``--nproc``) as one process's: the checkpoint
-    is read here, with no process group, so the loaders must not be sharded."""
-    if config["single_spec"] is False:
-        config["single_spec"] = True
-        config["local_rank"] = 0
-
-
-def _drop_pickled_cache_settings(config, path) -> None:
-    """A checkpoint's config may name pickles to read (``dataset_save_path``,
-    ``dataloaders_save_path``): ignored, with a warning, as are its cache-saving switches."""
-    import sys
-
-    from recbole_freq.compat.data import PICKLED_CACHE_PATH_KEYS, PICKLED_CACHE_SAVE_KEYS
-
-    for key in PICKLED_CACHE_PATH_KEYS:
-        if config[key]:
-            print(
-                f"warning: checkpoint {str(path)!r} names {key}={config[key]!r}; ignored "
-                "(pickled caches can run code): the dataset is rebuilt from its atomic files",
-                file=sys.stderr,
-            )
-            config[key] = None
-    for key in PICKLED_CACHE_SAVE_KEYS:
-        config[key] = False
 
 
 def _check_state_fits(model, state: dict, path, config, dataset) -> None:

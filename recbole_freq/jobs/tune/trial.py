@@ -159,13 +159,13 @@ def test_stopped_trial(checkpoint) -> dict:
     """``test_<metric>`` (and ``test_<mode>_<metric>`` of ``extra_test_modes``) of a trial
     that ASHA stopped, from the best weights in its last Ray checkpoint, evaluated here as
     the trial would have at its end; ``best_epoch``: the epoch those weights are from."""
+    from recbole_freq.checkpoint.loader import in_one_process
     from recbole_freq.protocol import protocol_label, protocol_trainer
     from recbole_freq.quick_start.quick_start import (
         evaluate_extra_test_modes,
         load_splits,
         new_model,
     )
-    from recbole_freq.quick_start.restore import in_one_process
     from recbole_freq.quick_start.resume import load_resume_state
 
     with checkpoint.as_directory() as folder:
