@@ -420,7 +420,7 @@ def test_paper_gives_a_denoisers_backbone_the_same_settings(small_config, tmp_pa
 
 
 def test_multiple_testing_corrections():
-    from recbole_freq.jobs.compare.tables import adjust_p_values
+    from recbole_freq.jobs.compare.statistics import adjust_p_values
 
     raw = {"a": 0.01, "b": 0.04, "c": 0.03, "d": None}
     holm = adjust_p_values(raw, "holm")
@@ -434,7 +434,7 @@ def test_per_user_significance_against_the_best_baseline(small_config, tmp_path)
     baseline per user: paired Wilcoxon and t on per-user values, Holm across the table."""
     from scipy.stats import wilcoxon
 
-    from recbole_freq.jobs.compare.tables import adjust_p_values, per_user_values
+    from recbole_freq.jobs.compare.statistics import adjust_p_values, per_user_values
 
     out = tmp_path / "users"
     overrides = overrides_of(small_config, epochs=1)

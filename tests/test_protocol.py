@@ -358,7 +358,7 @@ def test_evaluate_one_checkpoint_under_several_protocols(small_config, tmp_path,
     for metric, value in summary["test_result"].items():
         assert results[0]["test_result"][metric] == pytest.approx(value, abs=1e-4)
     assert results[0]["test_per_user"] == summary["test_per_user"]
-    from recbole_freq.jobs.compare.tables import per_user_values
+    from recbole_freq.jobs.compare.statistics import per_user_values
 
     for result in results:
         for metric, value in result["test_result"].items():
@@ -385,7 +385,7 @@ def test_evaluate_one_checkpoint_under_several_protocols(small_config, tmp_path,
 def test_per_user_ranks_give_recboles_metrics(small_config, mode):
     """The per-user ranks every summary keeps (for the per-user significance tests) come
     from RecBole's own top-k structure and average back to its metrics."""
-    from recbole_freq.jobs.compare.tables import per_user_values
+    from recbole_freq.jobs.compare.statistics import per_user_values
 
     overrides = dict(small_config, epochs=1, metric_decimal_place=10)
     overrides["eval_args"] = {

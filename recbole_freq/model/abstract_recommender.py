@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import logging
-import math
-
 import torch
 import torch.nn.functional as F
 from recbole.model.abstract_recommender import SequentialRecommender
 from torch import nn
 
-from recbole_freq.model.denoising import (
-    DenoisingMaskAttention,
-    learned_masks,
-    sparsity_penalty_scale,
-)
 from recbole_freq.model.encoder import ATTENTION_OPERATORS, RESIDUAL_PATHS, build_encoder
 from recbole_freq.model.layers import (
     SEQUENCE_LAYOUTS,
@@ -25,8 +17,8 @@ from recbole_freq.model.layers import (
     left_alignment,
     sequence_extent,
 )
+from recbole_freq.model.mask_training import LearnedMaskTraining
 from recbole_freq.model.objectives import (
-    POSITION_TARGETS,
     DenoisingPass,
     build_objective,
     component_regularisation,
@@ -36,7 +28,7 @@ from recbole_freq.model.temporal import (
     interval_time_field,
     report_interval_times,
 )
-from recbole_freq.utils.options import as_number
+from recbole_freq.utils.options import as_number, config_value  # noqa: F401  (models import it here)
 
 LOSS_TYPES = ("CE", "BPR")
 
@@ -47,22 +39,6 @@ def probability(value, name: str) -> float:
     if isinstance(value, bool) or not 0.0 <= number < 1.0:
         raise ValueError(f"{name}={value!r} must be a probability in [0, 1) (0: off)")
     return number
-
-
-def trains_with_eq_4(config) -> bool:
-    """Whether the run's protocol computes Rec-Denoiser's loss, eq. 4: binary
-    cross-entropy with one negative per target (``train_loss: bce``, set or implied by
-    the protocol's rows; ``FreqConfig.protocol_piece``)."""
-    return config.protocol_piece("train_loss") == "bce"
-
-
-def targets_per_row(dataset) -> float:
-    """Mean number of targets of a training row: the per-position targets of SASRec's
-    rows (``--protocol=sasrec``), else 1."""
-    feat = dataset.inter_feat
-    if POSITION_TARGETS not in feat.columns or len(dataset) == 0:
-        return 1.0
-    return float((feat[POSITION_TARGETS] != 0).sum(-1).float().mean())
 
 
 def stochastic_shared(ids: torch.Tensor, prob: float, n_ids: int) -> torch.Tensor:
@@ -86,12 +62,6 @@ def sequence_layout(config) -> str:
     return layout
 
 
-def config_value(config, key, default=None):
-    """``config[key]`` with a default; RecBole's ``Config`` returns None for missing keys."""
-    value = config[key]
-    return default if value is None else value
-
-
 def component_options(config, registry, name) -> dict:
     """The config values a registered encoder component asks for (unknown names pass
     through; ``build_encoder`` reports them)."""
@@ -100,7 +70,7 @@ def component_options(config, registry, name) -> dict:
     return {key: config[key] for key in keys if config[key] is not None}
 
 
-class TransformerRecommender(SequentialRecommender):
+class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
     """Embedding (BSARec eq. 4) -> configurable Transformer encoder -> dot-product scores.
 
     Scores follow BSARec eq. 10 (``e_v^T X^L`` at the position of the newest item); the
@@ -187,70 +157,6 @@ class TransformerRecommender(SequentialRecommender):
         )
         self.build_head(config)
         self.apply(lambda module: init_weights(module, self.initializer_range))
-
-    def scale_sparsity_penalties(self, config, dataset) -> None:
-        """Put every ``denoise`` operator's eq. 8 penalty on the scale of the batch-mean
-        loss (``sparsity_normalization``, see ``denoising.sparsity_penalty_scale``); N is the
-        number of training rows of ``dataset``, the training split the model is built
-        with.  ``auto`` (the default) is Algorithm 1, ``batch_targets`` (beta once per
-        mini-batch against the loss summed over its targets), when the model trains with
-        its backbone paper's per-target loss (``paper_loss_targets_per_row``: eq. 4's BCE
-        under ``train_loss: bce``, e.g. ``--protocol=sasrec``; BERT4Rec's cloze loss), and
-        ``train_examples`` otherwise (e.g. CE over all items at the last position)."""
-        operators = [m for m in self.encoder.modules() if isinstance(m, DenoisingMaskAttention)]
-        if not operators:
-            return
-        paper_targets = self.paper_loss_targets_per_row(config, dataset)
-        normalization = config_value(config, "sparsity_normalization", "auto")
-        if normalization == "auto":
-            normalization = "train_examples" if paper_targets is None else "batch_targets"
-        self.sparsity_normalization = normalization
-        scale = sparsity_penalty_scale(
-            normalization,
-            len(dataset),
-            config["train_batch_size"],
-            targets_per_row(dataset) if paper_targets is None else paper_targets,
-        )
-        self.sparsity_scale = scale
-        for operator in operators:
-            operator.sparsity_scale = scale
-
-    def paper_loss_targets_per_row(self, config, dataset) -> float | None:
-        """The mean number of targets a training row adds to the loss when the model
-        trains with its backbone paper's per-target loss, on which Algorithm 1 adds
-        ``beta R_M`` once per mini-batch; ``None`` for another loss.  Here: eq. 4's BCE
-        (``train_loss: bce``, SASRec's per-position rows)."""
-        return targets_per_row(dataset) if trains_with_eq_4(config) else None
-
-    def read_mask_learning_rate(self, config) -> None:
-        """``mask_learning_rate`` (None: ``learning_rate``), checked; see
-        ``optimizer_parameter_groups``."""
-        rate = config_value(config, "mask_learning_rate", None)
-        if rate is not None:
-            number = as_number(rate)
-            if isinstance(rate, bool) or not 0.0 < number < math.inf:
-                raise ValueError(
-                    f"mask_learning_rate={rate!r} must be a number > 0: the optimizer's "
-                    "learning rate for the masks' Phi (unset: learning_rate), e.g. 0.1"
-                )
-            rate = number
-        self.mask_learning_rate = rate
-
-    def optimizer_parameter_groups(self) -> list[dict] | None:
-        """Parameter groups for the trainer's optimizer (``ProtocolTrainer``), or None
-        for one group at ``learning_rate``: with ``mask_learning_rate`` set, the ``denoise``
-        masks' ``Phi`` get their own rate.  Why: under Adam a parameter moves about one
-        learning rate per step whatever its gradient's scale, so at ``learning_rate``
-        0.001 a mask needs more than 2,000 steps to fall from its initial keep probability
-        0.9 (``Phi`` 2.2) to the pruning threshold 0.5 (``Phi`` 0), more than a small
-        dataset trains to early stopping; the paper trains ``Phi`` and ``Theta`` jointly
-        (Algorithm 1) and gives no rate for ``Phi``."""
-        masks = [m.phi for m in self.encoder.modules() if isinstance(m, DenoisingMaskAttention)]
-        if self.mask_learning_rate is None or not masks:
-            return None
-        chosen = {id(parameter) for parameter in masks}
-        rest = [parameter for parameter in self.parameters() if id(parameter) not in chosen]
-        return [{"params": rest}, {"params": masks, "lr": self.mask_learning_rate}]
 
     def build_head(self, config) -> None:
         """Output layers beyond the item embedding (none by default)."""
@@ -522,53 +428,3 @@ class TransformerRecommender(SequentialRecommender):
 
     def full_sort_predict(self, interaction):
         return self.sequence_output(interaction) @ self.item_scores_weight.t()
-
-    # --- inspection -----------------------------------------------------------------
-
-    def learned_masks(self) -> list[dict]:
-        """Per attention layer with ``denoise`` masks, the inference mask and what it
-        prunes (``denoising.learned_masks``)."""
-        return learned_masks(self.encoder, self.bidirectional)
-
-    def epoch_report(self) -> dict:
-        """Kept with each epoch of the run history (``quick_start.TrainingRecorder``) and
-        logged, so pruning can be followed through training, not only at the best epoch:
-        per layer with learned masks, the share of links the inference mask prunes and the
-        mean keep probability; empty for a model without masks."""
-        masks = self.learned_masks()
-        if not masks:
-            return {}
-        return {
-            "pruned_fraction": [round(entry["pruned_fraction"], 4) for entry in masks],
-            "keep_probability_mean": [round(entry["keep_probability_mean"], 4) for entry in masks],
-        }
-
-    def run_summary(self) -> dict:
-        """Added to the run summary by ``quick_start.run``: the learned masks of the
-        (best) model, JSON-ready, and their pruned fractions (also logged)."""
-        masks = self.learned_masks()
-        logger = logging.getLogger()
-        for entry in masks:
-            logger.info(
-                f"denoising masks, layer {entry['layer']}: pruned fraction "
-                f"{entry['pruned_fraction']:.3f} (prediction row "
-                f"{entry['prediction_row_pruned_fraction']:.3f})"
-            )
-        if not masks:
-            return {}
-        return {
-            "sparsity_normalization": self.sparsity_normalization,
-            "sparsity_scale": self.sparsity_scale,  # beta's factor on the batch-mean loss
-            "mask_learning_rate": self.mask_learning_rate,
-            "learned_masks": [
-                {
-                    "layer": entry["layer"],
-                    "pruned_fraction": entry["pruned_fraction"],
-                    "pruned_fraction_per_head": entry["pruned_fraction_per_head"],
-                    "prediction_row_pruned_fraction": entry["prediction_row_pruned_fraction"],
-                    "keep_probability_mean": entry["keep_probability_mean"],
-                    "mask": entry["mask"].numpy().round(4).tolist(),
-                }
-                for entry in masks
-            ],
-        }

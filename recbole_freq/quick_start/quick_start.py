@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 import uuid
 from pathlib import Path
 
-import numpy as np
 import torch
 from recbole.data import create_dataset, data_preparation
 from recbole.data.transform import construct_transform
@@ -28,7 +26,7 @@ from recbole_freq.checkpoint.loader import weights_fingerprint
 from recbole_freq.compat.logs import current_log_file
 from recbole_freq.compat.trainer import saved_state
 from recbole_freq.config.configurator import FreqConfig, get_model_class
-from recbole_freq.data.guard import check_prepared, dataset_fingerprint, inter_columns, inter_files
+from recbole_freq.data.guard import check_prepared, dataset_fingerprint
 from recbole_freq.data.noise import corrupt_training_data
 from recbole_freq.model.layout import with_sequence_layout
 from recbole_freq.protocol import (
@@ -48,6 +46,15 @@ from recbole_freq.quick_start.distributed import (
     writing_rank,
 )
 from recbole_freq.quick_start.memory import TrainingOutOfMemory, check_memory, longest_history
+from recbole_freq.quick_start.preflight import (  # noqa: F401  (names here before)
+    ModelBuildError,
+    check_before_loading,
+    check_fearec_delays,
+    check_item_count,
+    check_split_rows,
+    extra_test_modes,
+)
+from recbole_freq.quick_start.recorder import TrainingRecorder
 from recbole_freq.quick_start.resume import (
     ResumeError,
     apply_resume_state,
@@ -58,81 +65,10 @@ from recbole_freq.quick_start.resume import (
     settings_differences,
 )
 from recbole_freq.utils.command import DEFAULT_DATASET, DEFAULT_MODEL, invoked_command
-from recbole_freq.utils.files import OutputWriteError, check_writable, plain_value, write_atomic
+from recbole_freq.utils.files import OutputWriteError, plain_value, write_atomic
 from recbole_freq.utils.signals import RunInterrupted  # noqa: F401  (its name here before)
 
 REPORTED_METRICS = [f"{name}@{k}" for k in (5, 10, 20) for name in ("hit", "ndcg")]
-
-
-class TrainingRecorder:
-    """Per-epoch training loss, validation metrics and time of a RecBole trainer: the one
-    place that hooks into the trainer's epochs (``_train_epoch`` / ``_valid_epoch`` of
-    this instance).  ``before_epoch(epoch)`` runs before an epoch once all earlier ones
-    are complete (the resume state is written there); ``after_valid(record)`` after each
-    validation, with the epoch's record (the search reports it to Ray Tune there)."""
-
-    def __init__(self, trainer):
-        self.trainer = trainer
-        self.epochs: list[dict] = []
-        self.train_seconds = 0.0
-        self.before_epoch = None
-        self.after_valid = None
-        train_epoch, valid_epoch = trainer._train_epoch, trainer._valid_epoch
-
-        def timed_train_epoch(train_data, epoch_idx, *args, **kwargs):
-            self.current_epoch = epoch_idx
-            if self.before_epoch is not None and epoch_idx > trainer.start_epoch:
-                self.before_epoch(epoch_idx)
-            start = time.perf_counter()
-            loss = train_epoch(train_data, epoch_idx, *args, **kwargs)
-            seconds = time.perf_counter() - start
-            self.train_seconds += seconds
-            total = sum(loss) if isinstance(loss, tuple) else loss
-            self.epochs.append(
-                {"epoch": len(self.epochs), "train_loss": float(total), "train_seconds": seconds}
-            )
-            self._add_model_report(epoch_idx)
-            return loss
-
-        def recorded_valid_epoch(*args, **kwargs):
-            score, result = valid_epoch(*args, **kwargs)
-            self.epochs[-1].update(valid_score=float(score), valid=dict(result))
-            if self.after_valid is not None:
-                self.after_valid(self.epochs[-1])
-            return score, result
-
-        trainer._train_epoch = timed_train_epoch
-        trainer._valid_epoch = recorded_valid_epoch
-
-    def _add_model_report(self, epoch_idx) -> None:
-        # Optional model hook, as run_summary is for the whole run (e.g. how many links
-        # the denoising masks prune after this epoch).
-        epoch_report = getattr(self.trainer.model, "epoch_report", None)
-        report = epoch_report() if callable(epoch_report) else None
-        if not report:
-            return
-        self.epochs[-1]["model_report"] = report
-        described = ", ".join(
-            f"{key} {' / '.join(f'{value:.3f}' for value in values)}"
-            for key, values in report.items()
-        )
-        model_name = type(self.trainer.model).__name__
-        logging.getLogger().info(f"epoch {epoch_idx} {model_name}: {described}")
-
-    @property
-    def best_epoch(self):
-        scored = [e for e in self.epochs if "valid_score" in e]
-        if not scored:
-            return None
-        pick = max if self.trainer.valid_metric_bigger else min
-        best = pick(e["valid_score"] for e in scored)
-        reached = [e["epoch"] for e in scored if e["valid_score"] == best]
-        # The epoch whose checkpoint the trainer kept: RecBole's early_stopping counts a
-        # tie as an improvement (the last epoch reaching the best), the strict rule does
-        # not (the first).
-        return (
-            reached[0] if getattr(self.trainer, "stopping_rule", None) == "strict" else reached[-1]
-        )
 
 
 def run(
@@ -169,10 +105,7 @@ def run(
             "delete it to start afresh"
         )
     # What can be checked before any process starts is checked once, here.
-    check_run_settings(config)
-    check_prepared(config)
-    check_atomic_columns(config)
-    check_output_locations(config, saved)
+    check_before_loading(config, saved)
     config_args = (
         model,
         dataset,
@@ -208,13 +141,15 @@ def run_config(
     config, saved: bool = True, resume_file=None, state=None, checkpoint_file=None
 ) -> dict:
     """``run`` on a built configuration; ``checkpoint_file``: where its checkpoint goes
-    (a new name in ``checkpoint_dir`` by default)."""
+    (a new name in ``checkpoint_dir`` by default).
+
+    RecBole's ``run_recbole`` sequence (seed, logger, dataset, splits, model, FLOPs,
+    trainer, fit, test), with the plugin's steps named between them: the preflight
+    checks (``preflight``, the memory guard), the resume state, the extra test modes and
+    the run summary."""
     start = time.perf_counter()
-    check_run_settings(config)
-    check_prepared(config)
-    check_atomic_columns(config)
+    check_before_loading(config, saved)
     config["dataset_sha256"] = dataset_fingerprint(config)
-    check_output_locations(config, saved)
     init_seed(config["seed"], config["reproducibility"])
     init_logger(config)
     logger = logging.getLogger()
@@ -224,28 +159,74 @@ def run_config(
     logger.info(recbole_dataset)
     check_item_count(config, recbole_dataset)
     users_longest = longest_history(recbole_dataset)
-    _, (train_data, valid_data, test_data) = load_splits(config, recbole_dataset)
-    check_split_rows(config, recbole_dataset, train_data, valid_data, test_data)
+    _, loaders = load_splits(config, recbole_dataset)
+    train_data, valid_data, test_data = loaders
+    check_split_rows(config, recbole_dataset, *loaders)
     check_memory(config, recbole_dataset, logger, users_longest)
-    noise = train_data.noise_report
 
-    model_instance = new_model(config, train_data)
-    use_full_sort_for_sampled_scoring(model_instance)
-    logger.info(model_instance)
-    log_flops(config, model_instance, recbole_dataset, logger)
-    trainer = protocol_trainer(config, model_instance)
+    model = new_model(config, train_data)
+    use_full_sort_for_sampled_scoring(model)
+    logger.info(model)
+    log_flops(config, model, recbole_dataset, logger)
+    trainer = protocol_trainer(config, model)
     trainer.saved_model_file = checkpoint_file or unique_checkpoint_path(config)
     recorder = TrainingRecorder(trainer)
-    loaders = (train_data, valid_data, test_data)
-    parallel = is_data_parallel(config)
-    writes = saved and writing_rank(config)
-    if saved and not parallel:
+    resume_file = keep_resume_state(config, saved, trainer, recorder, loaders, resume_file, state)
+
+    try:
+        try:
+            best_valid_score, best_valid_result = trainer.fit(
+                train_data, valid_data, saved=saved, show_progress=config["show_progress"]
+            )
+        except KeyboardInterrupt as interrupt:
+            raise RunInterrupted(_interrupted_training(recorder, resume_file)) from interrupt
+        test_result = trainer.evaluate(
+            test_data, load_best_model=saved, show_progress=config["show_progress"]
+        )
+        test_per_user = trainer.per_user_ranks()  # before other evaluations replace them
+        extra_test_results = evaluate_extra_test_modes(
+            config, recbole_dataset, loaders, trainer, saved
+        )
+    except torch.OutOfMemoryError as error:
+        raise TrainingOutOfMemory(config) from error
+    log_results(logger, best_valid_result, test_result, extra_test_results)
+
+    results = {
+        "best_valid_score": float(best_valid_score),
+        "best_valid_result": dict(best_valid_result or {}),
+        "test_result": dict(test_result),
+    }
+    summary = run_summary(config, model, trainer, recorder, start, saved, results)
+    if test_per_user is not None:
+        # Per-user ranks let --compare test significance across users (compare.tables).
+        summary["test_per_user"] = test_per_user
+    if extra_test_results:
+        summary["extra_test_results"] = extra_test_results
+    if train_data.noise_report:
+        summary["noise"] = train_data.noise_report
+    # Optional model hook: what a model wants kept with the run (e.g. learned masks).
+    if callable(getattr(model, "run_summary", None)):
+        summary["model_report"] = model.run_summary()
+    if saved and writing_rank(config):
+        write_summary(summary, trainer.saved_model_file)
+    if resume_file is not None and resume_file.exists():
+        resume_file.unlink()
+    return summary
+
+
+def keep_resume_state(config, saved, trainer, recorder, loaders, resume_file, state):
+    """The run's resume file (``resume``), written before each epoch, and the state it
+    continues from, if any: the file it names, or the one beside its checkpoint.  A
+    run that saves nothing, or a data-parallel one, keeps none (``None``)."""
+    if saved and not is_data_parallel(config):
         resume_file = Path(resume_file or resume_file_for(trainer.saved_model_file))
         if state is None and resume_file.is_file():
             state = load_resume_state(resume_file)
         recorder.before_epoch = lambda epoch: save_resume_state(
             resume_file, trainer, recorder, loaders, epoch
         )
+    else:
+        resume_file = None
     if state is not None:
         differences = settings_differences(state["config"], config)
         if differences:
@@ -255,29 +236,16 @@ def run_config(
                 + "); delete it to start this run afresh"
             )
         apply_resume_state(state, trainer, recorder, loaders)
-        logger.info(f"resumed from {resume_file} at epoch {trainer.start_epoch}")
+        logging.getLogger().info(f"resumed from {resume_file} at epoch {trainer.start_epoch}")
+    return resume_file
 
-    try:
-        try:
-            best_valid_score, best_valid_result = trainer.fit(
-                train_data, valid_data, saved=saved, show_progress=config["show_progress"]
-            )
-        except KeyboardInterrupt as interrupt:
-            raise RunInterrupted(
-                _interrupted_training(recorder, resume_file if saved and not parallel else None)
-            ) from interrupt
-        test_result = trainer.evaluate(
-            test_data, load_best_model=saved, show_progress=config["show_progress"]
-        )
-        test_per_user = trainer.per_user_ranks()
-        extra_test_results = evaluate_extra_test_modes(
-            config, recbole_dataset, (train_data, valid_data, test_data), trainer, saved
-        )
-    except torch.OutOfMemoryError as error:
-        raise TrainingOutOfMemory(config) from error
-    log_results(logger, best_valid_result, test_result, extra_test_results)
+
+def run_summary(config, model, trainer, recorder, start: float, saved: bool, results) -> dict:
+    """What a run keeps of itself (``<checkpoint>.json``): its settings, ``results``
+    (best validation and test), epochs, time, size and files."""
     n_epochs = len(recorder.epochs)
     best_state = saved_state(trainer) if saved else None
+    parallel = is_data_parallel(config)
     summary = {
         "model": config["model"],
         "dataset": config["dataset"],
@@ -285,15 +253,13 @@ def run_config(
         "seed": config["seed"],
         "device": str(config["device"]),
         "valid_metric": config["valid_metric"],
-        "best_valid_score": float(best_valid_score),
-        "best_valid_result": dict(best_valid_result or {}),
-        "test_result": dict(test_result),
+        **results,
         "epochs_run": n_epochs,
         "best_epoch": recorder.best_epoch,
         "stopped_early": n_epochs < config["epochs"],
         "train_seconds_per_epoch": recorder.train_seconds / max(n_epochs, 1),
         "total_seconds": time.perf_counter() - start,
-        "parameters": sum(p.numel() for p in model_instance.parameters()),
+        "parameters": sum(p.numel() for p in model.parameters()),
         "processes": int(config["world_size"]) if parallel else 1,
         "checkpoint": trainer.saved_model_file if saved else None,
         "weights_sha256": weights_fingerprint(best_state["state_dict"]) if best_state else None,
@@ -302,33 +268,25 @@ def run_config(
         "history": recorder.epochs,
         "config": {key: plain_value(config[key]) for key in config.final_config_dict},
     }
-    if test_per_user is not None:
-        # Per-user ranks let --compare test significance across users (compare.tables).
-        summary["test_per_user"] = test_per_user
-    if extra_test_results:
-        summary["extra_test_results"] = extra_test_results
-    if noise:
-        summary["noise"] = noise
-    # Optional model hook: what a model wants kept with the run (e.g. learned masks).
-    if callable(getattr(model_instance, "run_summary", None)):
-        summary["model_report"] = model_instance.run_summary()
-    if writes:
-        summary_file = Path(trainer.saved_model_file).with_suffix(".json")
-        summary["summary_file"] = str(summary_file)
-        try:
-            write_atomic(summary_file, json.dumps(summary, indent=2, default=str))
-        except OutputWriteError as error:
-            summary["summary_file"] = None
-            kept = SummaryNotWrittenError(
-                error.errno,
-                f"{error}; the run itself finished: its results are printed above and "
-                f"its checkpoint {trainer.saved_model_file} was kept",
-            )
-            kept.summary = summary
-            raise kept from error
-    if saved and not parallel and resume_file.exists():
-        resume_file.unlink()
     return summary
+
+
+def write_summary(summary: dict, checkpoint_file) -> None:
+    """``summary`` as ``<checkpoint>.json``, whole or not at all; a failure keeps the
+    summary on the error (``SummaryNotWrittenError``)."""
+    summary_file = Path(checkpoint_file).with_suffix(".json")
+    summary["summary_file"] = str(summary_file)
+    try:
+        write_atomic(summary_file, json.dumps(summary, indent=2, default=str))
+    except OutputWriteError as error:
+        summary["summary_file"] = None
+        kept = SummaryNotWrittenError(
+            error.errno,
+            f"{error}; the run itself finished: its results are printed above and "
+            f"its checkpoint {checkpoint_file} was kept",
+        )
+        kept.summary = summary
+        raise kept from error
 
 
 def _interrupted_training(recorder, resume_file) -> str:
@@ -346,10 +304,6 @@ class SummaryNotWrittenError(OutputWriteError):
     """The run finished but its summary file could not be written; ``summary`` holds it."""
 
     summary: dict
-
-
-class ModelBuildError(ValueError):
-    """A model that cannot be built with the given settings (exit code 2)."""
 
 
 def load_splits(config, dataset=None):
@@ -401,7 +355,7 @@ def build_model(config, dataset):
     model and the failure, not a traceback."""
     model_class = with_sequence_layout(get_model_class(config["model"]), config)
     if config["model"] == "FEARec":
-        _check_fearec_delays(config)
+        check_fearec_delays(config)
     try:
         model = model_class(config, dataset)
     except ValueError:
@@ -412,235 +366,6 @@ def build_model(config, dataset):
             f"{type(error).__name__}: {error or 'assertion failed'}"
         ) from error
     return model.to(config["device"])
-
-
-def _check_fearec_delays(config) -> None:
-    """FEARec's autocorrelation keeps the ``k = int(topk_factor * ln L)`` strongest of the
-    time delays of a sequence of ``L = MAX_ITEM_LIST_LENGTH`` positions (RecBole's
-    ``HybridAttention.time_delay_agg_*``, after Autoformer).  Its correlation is the
-    ``irfft`` of ``L // 2 + 1`` bins, so there are ``2 * (L // 2)`` delays (one fewer than
-    L when L is odd).  With k above that, or k < 1, the model fails in its first forward
-    pass, after the data is loaded; here it is one line naming the two settings and the
-    values that work."""
-    factor, length = config["topk_factor"], config["MAX_ITEM_LIST_LENGTH"]
-    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
-        raise ModelBuildError(f"FEARec needs topk_factor > 0, got {factor!r}")
-
-    def kept(n):
-        return int(factor * math.log(n)) if n > 1 else 0
-
-    delays, available = kept(length), 2 * (length // 2)
-    if delays < 1:
-        raise ModelBuildError(
-            f"FEARec with topk_factor={factor} and MAX_ITEM_LIST_LENGTH={length} keeps "
-            f"int({factor} * ln {length}) = {delays} time delays; raise either so that it "
-            "is at least 1"
-        )
-    if delays > available:
-        shortest = next((n for n in range(length + 1, 10**6) if kept(n) <= 2 * (n // 2)), None)
-        longer = f"MAX_ITEM_LIST_LENGTH >= {shortest} or " if shortest else ""
-        largest = math.floor((available + 1) / math.log(length))
-        largest -= int(largest * math.log(length)) > available
-        raise ModelBuildError(
-            f"FEARec with topk_factor={factor} keeps int({factor} * ln {length}) = {delays} "
-            f"time delays, more than the {available} that MAX_ITEM_LIST_LENGTH={length} "
-            f"has (2 * (L // 2)); use {longer}topk_factor <= {largest}"
-        )
-
-
-def check_run_settings(config) -> None:
-    """A run that would not train, never validate, or fail after its first epoch is an
-    error before anything runs."""
-    from recbole_freq.config.settings import evaluation_mode_problem, metrics_problem
-
-    problem = metrics_problem(config)
-    if problem:
-        raise ValueError(problem)
-    _check_valid_metric(config)
-    sequential = config["MODEL_TYPE"] == ModelType.SEQUENTIAL
-    modes = config["eval_args"]["mode"]
-    modes = modes if isinstance(modes, dict) else {"valid": modes, "test": modes}
-    named = [(f"eval_args mode ({split})", mode) for split, mode in modes.items()]
-    named += [("extra_test_modes entry", mode) for mode in extra_test_modes(config)]
-    for where, mode in named:
-        problem = evaluation_mode_problem(mode, sequential)
-        if problem:
-            raise ValueError(f"{where} {problem}")
-    with_sequence_layout(get_model_class(config["model"]), config)  # refused in one line
-    if config["log_wandb"]:
-        import importlib.util
-
-        if importlib.util.find_spec("wandb") is None:
-            raise ValueError(
-                "log_wandb=True needs the wandb package (pip install wandb), or set log_wandb=False"
-            )
-    epochs, eval_step = config["epochs"], config["eval_step"]
-    if epochs < 1:
-        raise ValueError(
-            f"epochs={epochs}: a run needs at least 1 training epoch (with 0 it would "
-            "report test metrics of an untrained model)"
-        )
-    if eval_step > epochs:
-        raise ValueError(
-            f"eval_step={eval_step} with epochs={epochs} never validates, so no best epoch "
-            "exists; use eval_step <= epochs (or eval_step=0 to train without validation "
-            "and test the last epoch)"
-        )
-
-
-def _check_valid_metric(config) -> None:
-    metric = str(config["valid_metric"])
-    name, _, k = metric.partition("@")
-    metrics = [str(m).lower() for m in config["metrics"]]
-    topk = config["topk"] if isinstance(config["topk"], list) else [config["topk"]]
-    if name.lower() not in metrics or (k and (not k.isdigit() or int(k) not in topk)):
-        raise ValueError(
-            f"valid_metric={metric} is not computed: metrics are {config['metrics']} at "
-            f"topk {topk}; pick one of them (e.g. valid_metric={config['metrics'][0]}@{topk[-1]})"
-        )
-
-
-def check_atomic_columns(config) -> None:
-    """The columns ``load_col`` asks for must be in the ``.inter`` header; otherwise
-    RecBole fails inside its first batch (a sequential model needs the time order).  A
-    pre-split dataset (``benchmark_filename``) of a sequential model holds rows, not
-    interactions: each file needs the user, the input list and the target."""
-    wanted = (
-        (config["load_col"] or {}).get("inter") if isinstance(config["load_col"], dict) else None
-    )
-    sequential = config["MODEL_TYPE"] == ModelType.SEQUENTIAL
-    if config["benchmark_filename"] and sequential:
-        item = config["ITEM_ID_FIELD"]
-        wanted = [config["USER_ID_FIELD"], item + config["LIST_SUFFIX"], item, *(wanted or [])]
-    elif wanted is not None and sequential:
-        needed = [config["USER_ID_FIELD"], config["ITEM_ID_FIELD"]]
-        if not isinstance(wanted, (list, tuple)) or any(c not in wanted for c in needed):
-            raise ValueError(
-                f"load_col inter={wanted!r} leaves out {[c for c in needed if c not in (wanted or [])]}: "
-                f"a sequential model reads whose history each item is in; give e.g. load_col: "
-                f"{{inter: [{', '.join(needed)}, {config['TIME_FIELD']}]}}"
-            )
-    check_timestamps(config)
-    if not wanted:
-        return
-    for inter in inter_files(config):
-        present = inter_columns(inter, config["field_separator"])
-        missing = [column for column in dict.fromkeys(wanted) if column not in present]
-        if not missing and config["benchmark_filename"] and sequential:
-            _check_list_lengths(config, inter, present.index(wanted[1]))
-        if missing:
-            raise ValueError(
-                f"{inter} has columns {present}, but the run reads {list(dict.fromkeys(wanted))}; "
-                f"missing: {missing}. Prepare the dataset with dataset_prep, or set load_col"
-                + (
-                    " (a pre-split sequential file: user_id:token item_id_list:token_seq "
-                    "item_id:token, one row per prefix)"
-                    if config["benchmark_filename"]
-                    else ""
-                )
-            )
-
-
-def _check_list_lengths(config, inter, column: int) -> None:
-    """The input lists of a pre-split file must fit ``MAX_ITEM_LIST_LENGTH``: RecBole
-    copies each into a row of that width and failed with an ``IndexError``."""
-    longest, line_number = 0, 0
-    separator = config["field_separator"] or "\t"
-    list_separator = config["seq_separator"] or " "
-    with open(inter, encoding="utf-8", errors="replace") as handle:
-        next(handle, None)
-        for number, line in enumerate(handle, start=2):
-            fields = line.rstrip("\r\n").split(separator)
-            if column < len(fields):
-                size = len([t for t in fields[column].split(list_separator) if t])
-                if size > longest:
-                    longest, line_number = size, number
-    if longest > config["MAX_ITEM_LIST_LENGTH"]:
-        raise ValueError(
-            f"{inter}, line {line_number}: an input list of {longest} items, more than "
-            f"MAX_ITEM_LIST_LENGTH={config['MAX_ITEM_LIST_LENGTH']}; set "
-            f"MAX_ITEM_LIST_LENGTH to at least {longest}, or write the files with the "
-            "lists cut to their most recent items"
-        )
-
-
-def check_timestamps(config) -> None:
-    """Every timestamp the run orders interactions by must be a finite number: RecBole
-    fills an empty or NaN timestamp with the column's mean and sorts an infinite one
-    last, training on an order that exists nowhere, with exit 0."""
-    import pandas as pd
-
-    time_field = config["TIME_FIELD"]
-    load_col = config["load_col"]
-    wanted = load_col.get("inter") if isinstance(load_col, dict) else None
-    if not time_field or config["benchmark_filename"] or (wanted and time_field not in wanted):
-        return
-    separator = config["field_separator"] or "\t"
-    for inter in inter_files(config):
-        names = inter_columns(inter, separator)
-        if time_field not in names:
-            continue
-        column = pd.read_csv(
-            inter,
-            sep=separator,
-            usecols=[names.index(time_field)],
-            dtype=str,
-            keep_default_na=False,
-            engine="c",
-            quoting=3,
-        ).iloc[:, 0]
-        values = pd.to_numeric(column.str.strip(), errors="coerce")
-        bad = ~np.isfinite(values.to_numpy(dtype=float))
-        if bad.any():
-            first = int(np.flatnonzero(bad)[0])
-            raise ValueError(
-                f"{inter}, line {first + 2}: timestamp {column.iloc[first]!r} is not a finite "
-                f"number ({int(bad.sum()):,} such rows); the run orders each history by time: "
-                "fix or drop those rows and prepare the dataset again"
-            )
-
-
-def check_item_count(config, dataset) -> None:
-    largest = max(config["topk"] if isinstance(config["topk"], list) else [config["topk"]])
-    items = dataset.item_num - 1  # id 0 is padding
-    if items < largest:
-        raise ValueError(
-            f"dataset {config['dataset']!r} has {items} items, fewer than topk {largest}: "
-            "every metric at that cut-off would count all items; lower topk"
-        )
-
-
-def check_split_rows(config, dataset, *loaders) -> None:
-    """Every split must hold rows: a run whose validation split is empty would train with
-    no early stopping, pick no best epoch and still report success."""
-    uid = dataset.uid_field
-    users = dataset.user_num - 1  # id 0 is padding
-    for name, loader in zip(("training", "validation", "test"), loaders):
-        if name == "validation" and config["eval_step"] <= 0:
-            continue
-        split = loader._dataset
-        rows = len(split)
-        if rows == 0:
-            raise ValueError(
-                f"dataset {config['dataset']!r} has no {name} rows: no user has enough "
-                f"interactions for split {dict(config['eval_args']['split'])} (a leave-one-out "
-                "split needs at least 3 per user); prepare a dataset with longer histories"
-            )
-        if name != "training":
-            covered = len(split.inter_feat[uid].unique())
-            if covered < users:
-                logging.getLogger().warning(
-                    f"{users - covered} of {users} users have no {name} row (too few "
-                    "interactions for the split); they are left out of its metrics"
-                )
-
-
-def check_output_locations(config, saved: bool) -> None:
-    """Every folder the run will write, proved writable before any training starts."""
-    if saved:
-        check_writable(config["checkpoint_dir"], "checkpoint_dir")
-    check_writable("log", "the log folder")
-    check_writable("log_tensorboard", "the TensorBoard folder")
 
 
 def log_flops(config, model, dataset, logger) -> None:
@@ -677,12 +402,6 @@ def unique_checkpoint_path(config) -> str:
     if path.exists() or path.with_suffix(".json").exists():
         path = path.with_name(f"{stem}-{uuid.uuid4().hex[:8]}.pth")
     return str(path)
-
-
-def extra_test_modes(config) -> list[str]:
-    """The run's ``extra_test_modes`` as a list (a single mode may be given as a string)."""
-    modes = config["extra_test_modes"] or []
-    return [modes] if isinstance(modes, str) else list(modes)
 
 
 def evaluate_extra_test_modes(config, recbole_dataset, loaders, trainer, saved) -> dict:

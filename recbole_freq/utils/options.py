@@ -46,3 +46,9 @@ def finite_non_negative(value, name: str, hint: str) -> float:
     if isinstance(value, bool) or not number >= 0.0 or number == math.inf:
         raise ValueError(f"{name}={value!r} must be a finite number >= 0; {hint}")
     return number
+
+
+def config_value(config, key, default=None):
+    """``config[key]`` with a default; RecBole's ``Config`` returns None for missing keys."""
+    value = config[key]
+    return default if value is None else value

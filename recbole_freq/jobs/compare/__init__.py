@@ -39,15 +39,13 @@ from recbole_freq.jobs.compare.runs import (
     stored_label_differences,
     validate,
 )
+from recbole_freq.jobs.compare.statistics import CORRECTIONS, add_per_user_tests, paired_p_value
 from recbole_freq.jobs.compare.tables import (
-    CORRECTIONS,
-    add_per_user_tests,
     builtin_settings_note,
     choose_metrics,
     csv_text,
     improvement,
     markdown_table,
-    paired_p_value,
     protocol_note,
     protocol_side_by_side,
     published_figures,

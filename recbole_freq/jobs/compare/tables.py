@@ -1,11 +1,10 @@
 """A comparison's numbers: mean and std over seeds, the improvement over the best baseline
-with its paired t-test, and the CSV, markdown and plot outputs."""
+(its tests are ``statistics``), and the CSV, markdown and plot outputs."""
 
 from __future__ import annotations
 
 import csv
 import io
-import math
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +16,16 @@ from recbole_freq.jobs.compare.runs import (
     ComparisonError,
     split_entry,
 )
+from recbole_freq.jobs.compare.statistics import (
+    metric_value,
+    paired_p_value,
+    smaller_is_better,
+)
 from recbole_freq.protocol import comparable_label, protocol_label
 from recbole_freq.quick_start.quick_start import extra_test_modes
 from recbole_freq.utils.files import write_atomic
 
-# ---------------------------------------------------------------------------- statistics
+# ------------------------------------------------------------------------------- metrics
 
 
 def _available_metrics(config) -> set[str]:
@@ -54,128 +58,6 @@ def choose_metrics(metrics, config) -> list[str]:
     if len(set(chosen)) != len(chosen):
         raise ComparisonError(f"--metrics lists a metric twice: {metrics}")
     return chosen
-
-
-def metric_value(summary: dict, metric: str) -> float:
-    """A run's test value of ``metric``: ``hit@10`` from its own protocol, ``uni100:hit@10``
-    from the extra test mode ``uni100`` (``quick_start.evaluate_extra_test_modes``)."""
-    mode, _, name = metric.rpartition(":")
-    results = summary["extra_test_results"][mode] if mode else summary["test_result"]
-    return results[name]
-
-
-def _smaller_is_better(metric: str) -> bool:
-    from recbole.evaluator.register import smaller_metrics
-
-    return metric.rpartition(":")[2].split("@")[0] in smaller_metrics
-
-
-def paired_p_value(values, reference) -> float | None:
-    """Two-sided paired t-test across seeds (``scipy.stats.ttest_rel``); ``None`` where it is
-    undefined: fewer than two seeds, or differences without variance (scipy would report
-    p = 0 or nan, neither of which is evidence)."""
-    from scipy.stats import ttest_rel
-
-    values, reference = np.asarray(values, float), np.asarray(reference, float)
-    difference = values - reference
-    if len(difference) < 2 or np.allclose(difference, difference[0], rtol=0, atol=1e-12):
-        return None
-    p_value = float(ttest_rel(values, reference).pvalue)
-    return None if math.isnan(p_value) else p_value
-
-
-PER_USER_METRICS = ("hit", "ndcg")
-CORRECTIONS = ("holm", "bh")
-
-
-def per_user_values(summaries, metric: str):
-    """``(users, values)``: each user's ``metric`` (hit@k or ndcg@k of the run's own test)
-    from the runs' stored per-user ranks, averaged over the runs (seeds); ``None`` when a
-    run kept no ranks, the metric is another one or lies beyond the ranks kept."""
-    name, _, k = metric.partition("@")
-    if ":" in metric or name not in PER_USER_METRICS or not k.isdigit():
-        return None
-    k = int(k)
-    tables = [s.get("test_per_user") for s in summaries]
-    if any(t is None or k > t["topk"] for t in tables):
-        return None
-    users = tables[0]["users"]
-    if any(t["users"] != users for t in tables):
-        return None
-    ranks = np.asarray([t["rank"] for t in tables], dtype=float)
-    inside = (ranks >= 1) & (ranks <= k)
-    if name == "hit":
-        values = inside.astype(float)
-    else:
-        values = np.where(inside, 1.0 / np.log2(np.where(inside, ranks, 1.0) + 1.0), 0.0)
-    return users, values.mean(axis=0)
-
-
-def per_user_p_values(values, reference) -> tuple[float | None, float | None]:
-    """Two-sided paired Wilcoxon signed-rank and paired t p-values across users
-    (``scipy.stats``); ``None`` where undefined (no user differs)."""
-    from scipy.stats import ttest_rel, wilcoxon
-
-    values, reference = np.asarray(values, float), np.asarray(reference, float)
-    if len(values) < 2 or np.allclose(values, reference, rtol=0, atol=1e-12):
-        return None, None
-    wilcoxon_p = float(wilcoxon(values, reference).pvalue)
-    t_p = float(ttest_rel(values, reference).pvalue)
-    return (
-        None if math.isnan(wilcoxon_p) else wilcoxon_p,
-        None if math.isnan(t_p) else t_p,
-    )
-
-
-def adjust_p_values(p_values: dict, method: str) -> dict:
-    """Multiple-testing correction across every test of one table: Holm's step-down
-    (family-wise error) or Benjamini-Hochberg (false discovery rate,
-    ``scipy.stats.false_discovery_control``).  ``None`` entries stay ``None``."""
-    from scipy.stats import false_discovery_control
-
-    keys = [key for key, value in p_values.items() if value is not None]
-    adjusted = dict.fromkeys(p_values)
-    if not keys:
-        return adjusted
-    raw = np.asarray([p_values[key] for key in keys])
-    if method == "bh":
-        values = false_discovery_control(raw, method="bh")
-    elif method == "holm":
-        order = np.argsort(raw)
-        scaled = raw[order] * (len(raw) - np.arange(len(raw)))
-        stepped = np.minimum(np.maximum.accumulate(scaled), 1.0)
-        values = np.empty_like(raw)
-        values[order] = stepped
-    else:
-        raise ComparisonError(f"correction {method!r} is unknown; choose holm or bh")
-    adjusted.update({key: float(value) for key, value in zip(keys, values)})
-    return adjusted
-
-
-def add_per_user_tests(rows, records, seeds, metrics, correction: str = "holm") -> None:
-    """For each proposed row and metric: paired Wilcoxon and t-tests across users against
-    the metric's best baseline (per-user values averaged over seeds), corrected across
-    all the table's tests (``correction``).  Sets ``<metric>_p_wilcoxon_users`` and
-    ``<metric>_p_t_users``."""
-    wilcoxon_p, t_p = {}, {}
-    for row in rows:
-        for metric in metrics:
-            key = (row["model"], metric)
-            wilcoxon_p[key] = t_p[key] = None
-            reference = row.get(f"{metric}_best_baseline")
-            if row["role"] != "proposed" or reference is None:
-                continue
-            ours = per_user_values([records[(row["model"], s)]["summary"] for s in seeds], metric)
-            theirs = per_user_values([records[(reference, s)]["summary"] for s in seeds], metric)
-            if ours is None or theirs is None or ours[0] != theirs[0]:
-                continue
-            wilcoxon_p[key], t_p[key] = per_user_p_values(ours[1], theirs[1])
-    wilcoxon_p = adjust_p_values(wilcoxon_p, correction)
-    t_p = adjust_p_values(t_p, correction)
-    for row in rows:
-        for metric in metrics:
-            row[f"{metric}_p_wilcoxon_users"] = wilcoxon_p[(row["model"], metric)]
-            row[f"{metric}_p_t_users"] = t_p[(row["model"], metric)]
 
 
 def improvement(value: float, baseline: float, smaller_better: bool = False) -> float | None:
@@ -230,7 +112,7 @@ def summarise(records: dict, models, seeds, metrics, baselines) -> list[dict]:
     baseline_rows = [row for row in rows if row["role"] == "baseline"]
     for metric in metrics:
         if baseline_rows:
-            pick = min if _smaller_is_better(metric) else max
+            pick = min if smaller_is_better(metric) else max
             best_baseline[metric] = pick(baseline_rows, key=lambda r: r[f"{metric}_mean"])["model"]
     for row in rows:
         for metric in metrics:
@@ -240,7 +122,7 @@ def summarise(records: dict, models, seeds, metrics, baselines) -> list[dict]:
                 gain = improvement(
                     row[f"{metric}_mean"],
                     np.mean(per_model[reference][metric]),
-                    _smaller_is_better(metric),
+                    smaller_is_better(metric),
                 )
                 p_value = paired_p_value(
                     per_model[row["model"]][metric], per_model[reference][metric]
@@ -293,7 +175,7 @@ def markdown_table(rows, metrics, dataset, seeds, protocol: str = "", correction
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     best = {}
     for metric in metrics:
-        pick = min if _smaller_is_better(metric) else max
+        pick = min if smaller_is_better(metric) else max
         best[metric] = pick(row[f"{metric}_mean"] for row in rows)
     # With one seed there is no spread to show: values alone.
     spread = len(seeds) > 1

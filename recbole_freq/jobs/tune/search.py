@@ -17,6 +17,10 @@ from recbole_freq.jobs.ray_cluster import check_resources, import_ray, start_or_
 from recbole_freq.jobs.tune.hyper import distinct_combinations, grid_size, parse_hyper_file
 from recbole_freq.jobs.tune.report import finished_trials, rank_trials, write_outputs
 from recbole_freq.jobs.tune.trial import run_trial
+from recbole_freq.jobs.tune.trusted_folder import (  # noqa: F401  (names here before)
+    TuneSetupError,
+    check_search_folder_trusted,
+)
 from recbole_freq.quick_start.distributed import data_parallel_settings
 from recbole_freq.utils.command import SEARCHES
 from recbole_freq.utils.files import check_writable, plain_value, write_atomic
@@ -38,64 +42,6 @@ UNTUNABLE_KEYS = {
 # Keys read while RecBole loads and filters the dataset (``create_dataset``): tuning one
 # of them means every trial loads its own dataset instead of the driver's shared one.
 EXTRA_DATASET_KEYS = {"data_path", "benchmark_filename", "MAX_ITEM_LIST_LENGTH", "seq_len"}
-
-
-class TuneSetupError(ValueError):
-    """A search that cannot start as asked (missing package, bad option, no cluster)."""
-
-
-def check_search_folder_trusted(folder: Path) -> None:
-    """``TuneSetupError`` unless ``folder`` and everything in it belong to the current
-    user and no one else can write them, nor replace them in their parent.
-
-    Ray keeps a search's state as pickles (``tuner.pkl``, the searcher's state), and
-    ``Tuner.restore`` unpickles them: a results folder is as trusted as a program, so
-    ``--resume`` continues only a folder its user could have written alone."""
-    import stat
-
-    if not folder.is_dir():
-        return  # "nothing to resume" is said next
-    me = os.geteuid()
-
-    def problem(path: Path, info) -> str | None:
-        if info.st_uid != me:
-            return f"{path} belongs to uid {info.st_uid}, not to you (uid {me})"
-        group_writes = info.st_mode & stat.S_IWGRP and not _private_group(info.st_gid)
-        if info.st_mode & stat.S_IWOTH or group_writes:
-            return f"{path} is writable by others (mode {stat.S_IMODE(info.st_mode):o})"
-        return None
-
-    parent = folder.parent.stat()
-    found = None
-    if parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX:
-        found = f"{folder.parent} lets anyone replace the folder (writable by all, no sticky bit)"
-    paths = [folder] + sorted(folder.rglob("*"))
-    for path in paths:
-        if found:
-            break
-        found = problem(path, path.lstat())
-        if not found and path.is_symlink():
-            found = problem(path, path.stat()) if path.exists() else None
-    if found:
-        raise TuneSetupError(
-            f"refusing to resume {folder}: {found}. Ray's saved search state is pickled and "
-            "runs as code when read: resume only a search folder that you alone could have "
-            "written (or start afresh with another --name)"
-        )
-
-
-def _private_group(gid: int) -> bool:
-    """Whether group ``gid`` is the current user's own (a user-private group, as a umask
-    of 002 expects): its write permission then lets no one else in."""
-    try:
-        import grp
-        import pwd
-
-        group = grp.getgrgid(gid)
-        me = pwd.getpwuid(os.geteuid()).pw_name
-    except (ImportError, KeyError):
-        return False
-    return gid == os.getegid() and set(group.gr_mem) <= {me} and group.gr_name == me
 
 
 def _validate_space(space, config, fixed):

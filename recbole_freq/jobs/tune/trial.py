@@ -53,13 +53,13 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
     from recbole_freq.protocol import protocol_label, protocol_trainer
     from recbole_freq.protocol.sampled_scoring import use_full_sort_for_sampled_scoring
     from recbole_freq.quick_start.quick_start import (
-        TrainingRecorder,
         evaluate_extra_test_modes,
         load_splits,
         log_flops,
         new_model,
         unique_checkpoint_path,
     )
+    from recbole_freq.quick_start.recorder import TrainingRecorder
     from recbole_freq.quick_start.resume import (
         ResumeError,
         apply_resume_state,
