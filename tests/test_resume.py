@@ -23,7 +23,9 @@ def interrupt_at_epoch(monkeypatch, epoch: int):
         if next_epoch == epoch:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr("recbole_freq.quick_start.quick_start.save_resume_state", save_then_interrupt)
+    monkeypatch.setattr(
+        "recbole_freq.quick_start.quick_start.save_resume_state", save_then_interrupt
+    )
     return calls
 
 
@@ -116,7 +118,9 @@ def test_ctrl_c_in_a_comparison_keeps_runs_and_resumes_the_unfinished_one(
         if trainer.config["model"] == "GRU4Rec" and next_epoch == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr("recbole_freq.quick_start.quick_start.save_resume_state", interrupt_in_second_run)
+    monkeypatch.setattr(
+        "recbole_freq.quick_start.quick_start.save_resume_state", interrupt_in_second_run
+    )
     assert main([*args, *cli(shared)]) == 130
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "1 of 2 runs are stored in" in err

@@ -30,13 +30,13 @@ argument).  The allowlist is exactly what RecBole checkpoints hold:
   class defined in ``recbole.model`` or ``recbole_freq.model`` (installed code).
 
 Whichever loader read it, every value is then checked against the shape its writer gives
-it (``checkpoint_schema.checked``), and the config is rebuilt from plain values.
+it (``schema.checked``), and the config is rebuilt from plain values.
 
 Before anything is unpickled, the file's pickle stream is scanned (parsed, not run) for
 the globals it names; a checkpoint naming anything else is refused with
 ``UntrustedCheckpointError`` and is never unpickled.  No checkpoint is ever unpickled
 in full, not even one this process wrote: RecBole's trainer loads through this module too
-(``recbole_freq.compat``, fix 2), because a file is trusted by its content, never by its
+(``recbole_freq.compat.trainer``, fix 2), because a file is trusted by its content, never by its
 path.
 
 Rebuilding a model and its data from a checkpoint is ``recbole_freq.quick_start.restore``.

@@ -1,6 +1,7 @@
 """recbole-freq models; ``MODELS`` maps each model name to its class, ``BASELINES`` names
 the ones that are the papers' baselines (reimplemented here because RecBole lacks them)."""
 
+from recbole_freq.model import sequential_recommender
 from recbole_freq.model.sequential_recommender import (
     SSEPT,
     BERT4RecDenoiser,
@@ -32,17 +33,4 @@ MODELS = {
 # Comparisons count these with RecBole's built-ins as baselines (the Improv. row).
 BASELINES = frozenset({"FMLPRec", "DuoRec", "CL4SRec", "TiSASRec", "SSEPT"})
 
-__all__ = [
-    "BASELINES",
-    "MODELS",
-    "BSARec",
-    "CL4SRec",
-    "DuoRec",
-    "FBSARec",
-    "FMLPRec",
-    "PolyRec",
-    "RecDenoiser",
-    "SSEPT",
-    "TiSASRec",
-    "BERT4RecDenoiser",
-]
+__all__ = ["BASELINES", "MODELS", *sequential_recommender.__all__]

@@ -198,7 +198,7 @@ def run_config(
     }
     summary = run_summary(config, model, trainer, recorder, start, saved, results)
     if test_per_user is not None:
-        # Per-user ranks let --compare test significance across users (compare.tables).
+        # Per-user ranks let --compare test significance across users (compare.statistics).
         summary["test_per_user"] = test_per_user
     if extra_test_results:
         summary["extra_test_results"] = extra_test_results
@@ -309,10 +309,10 @@ class SummaryNotWrittenError(OutputWriteError):
 def load_splits(config, dataset=None):
     """The data half of config -> dataset -> splits -> model, the sequence every job and
     benchmark runs: seed, ``create_dataset`` (unless ``dataset`` is given), then
-    ``data_preparation``, the synthetic noise of ``noise_ratio`` (``noise``; its report is
+    ``data_preparation``, the synthetic noise of ``noise_ratio`` (``data.noise``; its report is
     ``train_data.noise_report``, None without noise) and the run's protocol
     (``protocol.apply_protocol``).  In a data-parallel process only the training loader
-    is sharded (``distributed``).  Returns ``(dataset, (train_data, valid_data, test_data))``."""
+    is sharded (``quick_start.distributed``).  Returns ``(dataset, (train_data, valid_data, test_data))``."""
     if dataset is None:
         init_seed(config["seed"], config["reproducibility"])
         dataset = create_dataset(config)

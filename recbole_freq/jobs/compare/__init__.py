@@ -183,7 +183,7 @@ def compare(
     their defaults.  Unless a protocol is given, every model runs under the protocol those
     paper files name.
     ``correction``: ``holm`` or ``bh``, for the per-user significance tests (paired
-    Wilcoxon and t across users against the best baseline, ``tables.add_per_user_tests``)
+    Wilcoxon and t across users against the best baseline, ``statistics.add_per_user_tests``)
     beside the across-seed paired t-test.
     Returns ``rows`` (one dict per model, as in ``comparison.csv``), ``markdown``,
     ``files``, and the ``trained`` and ``skipped`` (model, seed) pairs.
