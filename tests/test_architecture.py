@@ -234,6 +234,5 @@ def test_names_recorded_before_the_layout_still_resolve():
         assert (expected.__module__, expected.__qualname__) == (module, name)
     assert allowed_class("recbole_freq.config", "SafeConfigLoader") is SafeConfigLoader
     assert allowed_class("recbole_freq.model.sequential_recommender.bsarec", "BSARec") is BSARec
-    assert allowed_globals([("recbole_freq.config", "FreqConfig")])[
-        ("recbole_freq.config", "FreqConfig")
-    ][0] is FreqConfig
+    recorded_config = ("recbole_freq.config", "FreqConfig")
+    assert allowed_globals([recorded_config])[recorded_config][0] is FreqConfig
