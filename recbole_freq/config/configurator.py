@@ -26,11 +26,9 @@ from recbole.utils import ModelType
 
 from recbole_freq.model import MODELS
 from recbole_freq.protocol import DEFAULT_PROTOCOL, protocol_file, protocol_settings
-from recbole_freq.utils.property_files import (  # noqa: F401  (their names here before)
-    MAX_CONFIG_VALUES,
+from recbole_freq.utils.property_files import (
     ConfigFileError,
     SafeConfigLoader,
-    builtin_files,
     find_config_file,
     properties_dir,
     read_config_file,

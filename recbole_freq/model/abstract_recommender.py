@@ -28,7 +28,7 @@ from recbole_freq.model.temporal import (
     interval_time_field,
     report_interval_times,
 )
-from recbole_freq.utils.options import as_number, config_value  # noqa: F401  (models import it here)
+from recbole_freq.utils.options import as_number, config_value
 
 LOSS_TYPES = ("CE", "BPR")
 

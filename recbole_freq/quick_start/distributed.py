@@ -53,18 +53,16 @@ import tempfile
 
 import torch
 
-from recbole_freq.utils.process_group import broadcast_from_writer, meet_through_file, writing_rank
+from recbole_freq.utils.process_group import meet_through_file
 from recbole_freq.utils.signals import RunInterrupted
 
 __all__ = [
     "DataParallelError",
-    "broadcast_from_writer",
     "data_parallel_settings",
     "is_data_parallel",
     "run_data_parallel",
     "shard_training_loader",
     "whole_loaders",
-    "writing_rank",
 ]
 
 # Keys RecBole's launcher gives each process (``recbole.quick_start.run``).

@@ -43,10 +43,9 @@ from recbole_freq.quick_start.distributed import (
     run_data_parallel,
     shard_training_loader,
     whole_loaders,
-    writing_rank,
 )
 from recbole_freq.quick_start.memory import TrainingOutOfMemory, check_memory, longest_history
-from recbole_freq.quick_start.preflight import (  # noqa: F401  (names here before)
+from recbole_freq.quick_start.preflight import (
     ModelBuildError,
     check_before_loading,
     check_fearec_delays,
@@ -66,7 +65,8 @@ from recbole_freq.quick_start.resume import (
 )
 from recbole_freq.utils.command import DEFAULT_DATASET, DEFAULT_MODEL, invoked_command
 from recbole_freq.utils.files import OutputWriteError, plain_value, write_atomic
-from recbole_freq.utils.signals import RunInterrupted  # noqa: F401  (its name here before)
+from recbole_freq.utils.process_group import writing_rank
+from recbole_freq.utils.signals import RunInterrupted
 
 REPORTED_METRICS = [f"{name}@{k}" for k in (5, 10, 20) for name in ("hit", "ndcg")]
 

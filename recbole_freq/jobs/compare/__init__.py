@@ -23,7 +23,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from recbole_freq.jobs.compare.runs import (
-    DEFAULT_SEEDS,
     RESERVED_OVERRIDES,
     ComparisonError,
     check_out_dir,
@@ -57,7 +56,7 @@ from recbole_freq.jobs.compare.tables import (
 from recbole_freq.model import BASELINES, MODELS
 from recbole_freq.protocol import comparable_label, protocol_file
 from recbole_freq.quick_start.distributed import data_parallel_settings
-from recbole_freq.utils.command import invoked_command
+from recbole_freq.utils.command import DEFAULT_SEEDS, invoked_command
 from recbole_freq.utils.files import check_writable, write_atomic
 
 # ---------------------------------------------------------------------------- API
@@ -287,7 +286,7 @@ def compare(
             else:
                 trained = []
         except KeyboardInterrupt as interrupt:
-            from recbole_freq.quick_start.quick_start import RunInterrupted
+            from recbole_freq.utils.signals import RunInterrupted
 
             stored = sum(run_file(out, e, s).is_file() for e in entries for s in seeds)
             partial = sorted((out / "partial").glob("*.resume.pth"))

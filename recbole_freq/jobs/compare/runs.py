@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 from recbole_freq.jobs.ray_cluster import check_resources, import_ray, start_or_join
-from recbole_freq.utils.command import DEFAULT_SEEDS  # noqa: F401  (its name here before)
 from recbole_freq.utils.files import plain_value, write_atomic
 
 DEFAULT_METRICS = tuple(f"{name}@{k}" for name in ("hit", "ndcg") for k in (5, 10, 20))

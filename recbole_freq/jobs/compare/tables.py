@@ -22,7 +22,7 @@ from recbole_freq.jobs.compare.statistics import (
     smaller_is_better,
 )
 from recbole_freq.protocol import comparable_label, protocol_label
-from recbole_freq.quick_start.quick_start import extra_test_modes
+from recbole_freq.quick_start.preflight import extra_test_modes
 from recbole_freq.utils.files import write_atomic
 
 # ------------------------------------------------------------------------------- metrics

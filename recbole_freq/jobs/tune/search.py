@@ -17,7 +17,7 @@ from recbole_freq.jobs.ray_cluster import check_resources, import_ray, start_or_
 from recbole_freq.jobs.tune.hyper import distinct_combinations, grid_size, parse_hyper_file
 from recbole_freq.jobs.tune.report import finished_trials, rank_trials, write_outputs
 from recbole_freq.jobs.tune.trial import run_trial
-from recbole_freq.jobs.tune.trusted_folder import (  # noqa: F401  (names here before)
+from recbole_freq.jobs.tune.trusted_folder import (
     TuneSetupError,
     check_search_folder_trusted,
 )
@@ -324,7 +324,7 @@ def tune_model(
             ray.shutdown()
 
     if interrupted:
-        from recbole_freq.quick_start.quick_start import RunInterrupted
+        from recbole_freq.utils.signals import RunInterrupted
 
         finished, started = finished_trials(results)
         raise RunInterrupted(

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from recbole_freq.model.abstract_recommender import config_value
 from recbole_freq.model.objectives import DenoisingPass
 from recbole_freq.model.sequential_recommender.recdenoiser import DenoisingRecommender
+from recbole_freq.utils.options import config_value
 
 
 def expected_cloze_targets(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from recbole_freq.model.abstract_recommender import TransformerRecommender, config_value
-from recbole_freq.utils.options import whole_number
+from recbole_freq.model.abstract_recommender import TransformerRecommender
+from recbole_freq.utils.options import config_value, whole_number
 
 
 class BSARec(TransformerRecommender):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from recbole_freq.model.abstract_recommender import TransformerRecommender, config_value
+from recbole_freq.model.abstract_recommender import TransformerRecommender
 from recbole_freq.model.contrastive import contrast_settings, nt_xent, two_augmented_views
-from recbole_freq.utils.options import as_number
+from recbole_freq.utils.options import as_number, config_value
 
 
 class CL4SRec(TransformerRecommender):

@@ -3,9 +3,9 @@ recommendation (Qiu et al., WSDM 2022)."""
 
 from __future__ import annotations
 
-from recbole_freq.model.abstract_recommender import TransformerRecommender, config_value
+from recbole_freq.model.abstract_recommender import TransformerRecommender
 from recbole_freq.model.contrastive import SameTargetSampler, contrast_settings, nt_xent
-from recbole_freq.utils.options import as_number
+from recbole_freq.utils.options import as_number, config_value
 
 # contrast: which pairs the NT-Xent sees (the DuoRec authors' ``contrast`` / ``ssl``).
 CONTRASTS = {

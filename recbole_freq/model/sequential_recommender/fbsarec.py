@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from recbole_freq.model.abstract_recommender import config_value
 from recbole_freq.model.sequential_recommender.bsarec import BSARec
+from recbole_freq.utils.options import config_value
 
 
 class FBSARec(BSARec):

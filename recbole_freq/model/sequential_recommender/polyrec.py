@@ -7,11 +7,11 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
-from recbole_freq.model.abstract_recommender import TransformerRecommender, config_value
+from recbole_freq.model.abstract_recommender import TransformerRecommender
 from recbole_freq.model.contrastive import SameTargetSampler
 from recbole_freq.model.objectives import DenoisingObjective
 from recbole_freq.model.polynomial import ChebyshevAttention
-from recbole_freq.utils.options import as_number
+from recbole_freq.utils.options import as_number, config_value
 
 
 class PolyRec(TransformerRecommender):
