@@ -584,14 +584,14 @@ def test_sasrec_protocol_runs_eq_4_through_the_denoising_objective(small_config)
     """With every mask kept and no regulariser, the objective's loss is the protocol's
     per-position BCE on the same negatives, and the masks get no gradient (both ARM
     passes agree)."""
-    from recbole_freq.protocol.rows import POSITION_TARGETS
-    from recbole_freq.protocol.trainer import (
+    from recbole_freq.protocol.losses import (
         all_position_output,
         item_embedding_weight,
         objective_loss,
-        position_bce,
+        position_loss,
         position_negatives,
     )
+    from recbole_freq.protocol.rows import POSITION_TARGETS
 
     overrides = dict(small_config, protocol="sasrec", **NO_REGULARISERS, **NO_DROPOUT)
     config, train, _, _ = prepare("RecDenoiser", overrides)
@@ -604,7 +604,7 @@ def test_sasrec_protocol_runs_eq_4_through_the_denoising_objective(small_config)
     negatives = position_negatives(train._dataset, batch, targets, model)
     model.train()
     ours = objective_loss(model, batch, targets, negatives, all_positions=True)
-    reference = position_bce(
+    reference = position_loss(
         all_position_output(model, batch), targets, negatives, item_embedding_weight(model)
     )
     assert ours.item() == pytest.approx(reference.item(), rel=1e-6)
@@ -679,8 +679,8 @@ def test_bert4rec_denoiser_auto_scale_is_algorithm_1_on_its_cloze_targets(small_
 def test_masks_learn_from_eq_4_under_the_sasrec_protocol(small_config):
     """Without any regulariser only the ARM estimate of eq. 4's gradient can reach Phi;
     it does, and a whole run trains, reports its masks and Algorithm 1's scale."""
+    from recbole_freq.protocol.losses import objective_loss, position_negatives
     from recbole_freq.protocol.rows import POSITION_TARGETS
-    from recbole_freq.protocol.trainer import objective_loss, position_negatives
 
     overrides = dict(small_config, protocol="sasrec", **NO_REGULARISERS)
     config, train, _, _ = prepare("RecDenoiser", overrides)

@@ -40,8 +40,13 @@ through RecBole's own classes (the split datasets, the evaluation sampler, the
     ``cross_entropy``; ``datasets.py``, ``neg_sample``): the output at the last position,
     the negative drawn among the items outside the row (its input and target).  For
     ``last_n_all_positions`` it is SASRec's per-position loss above, the only loss those
-    rows train with.  Unset (``~``), it is ``bce`` for ``last_n_all_positions`` and
-    ``model`` otherwise.
+    rows train with.  The BSARec authors train SASRec, Caser and FMLP-Rec with this loss
+    (yehjin-shin/BSARec, ``src/model/*.py``).
+    ``bpr``: ``-log(1e-10 + s(r_pos - r_neg))`` at the last position against the same
+    one negative: the BSARec authors' GRU4Rec (``src/model/gru4rec.py``).  Only for
+    one-target rows.
+    Either adds the model's own regularisation (Caser's L2 terms).  Unset (``~``), it
+    is ``bce`` for ``last_n_all_positions`` and ``model`` otherwise.
 ``eval_negatives`` (sampled evaluation, e.g. ``uni100``)
     ``target_only``: RecBole's ``RepeatableSampler``, which excludes only the target, so
     an item of the user's history can be a negative.
@@ -71,6 +76,14 @@ Validation and test inputs are the last n items before the target under every ch
 as in RecBole and in the authors' code.
 """
 
+from recbole_freq.protocol.losses import (
+    all_position_output,
+    check_causal,
+    pair_loss,
+    position_loss,
+    position_negatives,
+    row_negatives,
+)
 from recbole_freq.protocol.pieces import (
     ALL_POSITIONS,
     DATA_PIECES,
@@ -98,16 +111,7 @@ from recbole_freq.protocol.rows import (
     use_protocol_negatives,
     window_rows,
 )
-from recbole_freq.protocol.trainer import (
-    ProtocolTrainer,
-    all_position_output,
-    check_causal,
-    history_index,
-    position_bce,
-    position_negatives,
-    protocol_trainer,
-    row_negatives,
-)
+from recbole_freq.protocol.trainer import ProtocolTrainer, history_index, protocol_trainer
 
 __all__ = [
     "ALL_POSITIONS",
@@ -129,7 +133,8 @@ __all__ = [
     "check_causal",
     "history_index",
     "last_n_rows",
-    "position_bce",
+    "pair_loss",
+    "position_loss",
     "position_negatives",
     "protocol_defaults",
     "protocol_file",

@@ -11,7 +11,7 @@ from recbole_freq.model.layers import SEQUENCE_LAYOUTS
 PIECES = {
     "history_mask": ("none", "zero", "exclude"),
     "train_rows": ("all_prefixes", "window", "last_n_all_positions"),
-    "train_loss": ("model", "bce"),
+    "train_loss": ("model", "bce", "bpr"),
     "eval_negatives": ("target_only", "unseen"),
     "stopping_rule": ("recbole", "strict"),
     "sequence_layout": SEQUENCE_LAYOUTS,

@@ -1,7 +1,11 @@
 """The trainer side of a protocol: ``ProtocolTrainer`` mixed into RecBole's trainer of
 the model (history masks in full-sort ranking, the stopping rule, per-user ranks) and
-the binary cross-entropy of ``train_loss: bce``: SASRec's at every position of
-``train_rows: last_n_all_positions``, FMLP-Rec's at the last position of other rows."""
+the sampled losses of ``train_loss``: ``bce``, binary cross-entropy against one
+negative, SASRec's at every position of ``train_rows: last_n_all_positions`` and the
+BSARec / FMLP-Rec authors' at the last position of other rows; ``bpr``, their GRU4Rec's
+Bayesian personalised ranking against one negative at the last position.  A model's own
+regularisation (Caser's L2 terms) is added to either, as the model adds it to its own
+loss."""
 
 from __future__ import annotations
 
@@ -9,15 +13,27 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from recbole_freq.protocol.losses import (
+    SAMPLED_LOSSES,
+    all_position_output,
+    check_causal,
+    check_plain_objective,
+    drives_objective,
+    item_embedding_weight,
+    last_position_output,
+    objective_loss,
+    position_loss,
+    position_negatives,
+    regularisation,
+    row_negatives,
+)
 from recbole_freq.protocol.pieces import ALL_POSITIONS, ProtocolError, protocol_settings
 from recbole_freq.protocol.rows import (
     HISTORY_LENGTH,
     HISTORY_START,
     POSITION_TARGETS,
     UserHistories,
-    _interaction,
 )
 
 
@@ -54,7 +70,7 @@ class ProtocolTrainer:
         self.train_rows = settings["train_rows"]
         self.train_loss = settings["train_loss"]
         self._causality_checked = False
-        if self.train_loss == "bce":
+        if self.train_loss in SAMPLED_LOSSES:
             check_plain_objective(self.model, config)
         self._eval_histories = None
         self._strict_best = None
@@ -90,7 +106,7 @@ class ProtocolTrainer:
         return super()._build_optimizer(**kwargs)
 
     def _train_epoch(self, train_data, epoch_idx, loss_func=None, show_progress=False):
-        if self.train_loss == "bce" and loss_func is None:
+        if self.train_loss in SAMPLED_LOSSES and loss_func is None:
             self._train_items = train_data._dataset
             if self.train_rows == ALL_POSITIONS:
                 loss_func = self.all_positions_loss
@@ -125,13 +141,16 @@ class ProtocolTrainer:
         if drives_objective(model):
             return objective_loss(model, interaction, targets, negatives, all_positions=True)
         output = all_position_output(model, interaction)
-        return position_bce(output, targets, negatives, item_embedding_weight(model))
+        loss = position_loss(output, targets, negatives, item_embedding_weight(model), "bce")
+        return loss + regularisation(model)
 
     def last_position_loss(self, interaction):
-        """FMLP-Rec's loss (Woeee/FMLP-Rec, ``trainers.py``, ``cross_entropy``): the output
-        at the row's last position, ``-log s(r_pos) - log(1 - s(r_neg))`` with one negative
-        drawn among the items outside the row (``datasets.py``, ``neg_sample``), averaged
-        over the rows."""
+        """The BSARec and FMLP-Rec authors' loss for their baselines (yehjin-shin/BSARec,
+        ``src/model/sasrec.py``, ``caser.py``, ``fmlprec.py``: ``-log s(r_pos) - log(1 -
+        s(r_neg))``; ``gru4rec.py``: ``-log(1e-10 + s(r_pos - r_neg))``): the output at
+        the row's last position against one negative drawn among the items outside the
+        row (``dataset.py``, ``neg_sample(set(items))``), averaged over the rows, plus the
+        model's own regularisation (``regularisation``)."""
         model = self.model
         item_seq = interaction[model.ITEM_SEQ]
         targets = interaction[model.POS_ITEM_ID]
@@ -140,12 +159,15 @@ class ProtocolTrainer:
             return objective_loss(
                 model, interaction, targets[:, None], negatives[:, None], all_positions=False
             )
-        output = model.forward(
-            item_seq, interaction[model.ITEM_SEQ_LEN], **sequence_inputs(model, interaction)
+        output = last_position_output(model, interaction)
+        loss = position_loss(
+            output[:, None],
+            targets[:, None],
+            negatives[:, None],
+            item_embedding_weight(model),
+            self.train_loss,
         )
-        return position_bce(
-            output[:, None], targets[:, None], negatives[:, None], item_embedding_weight(model)
-        )
+        return loss + regularisation(model)
 
     def evaluate(self, eval_data, load_best_model=True, model_file=None, show_progress=False):
         """RecBole's evaluation; in a data-parallel run (``recbole_freq.quick_start.distributed``)
@@ -259,226 +281,3 @@ def protocol_trainer(config, model):
     trainer = cls(config, model)
     trainer._init_protocol(config)
     return trainer
-
-
-# ------------------------------------------ binary cross-entropy training (train_loss: bce)
-
-
-def _bce_source(config) -> str:
-    if protocol_settings(config)["train_rows"] == ALL_POSITIONS:
-        return f"train_rows={ALL_POSITIONS} trains with SASRec's per-position loss"
-    return "train_loss=bce trains with FMLP-Rec's binary cross-entropy"
-
-
-def _bce_way_out(config) -> str:
-    if protocol_settings(config)["train_rows"] == ALL_POSITIONS:
-        return "use train_rows=all_prefixes or window"
-    return "use train_loss=model"
-
-
-def drives_objective(model) -> bool:
-    """Whether the protocol's binary cross-entropy goes through the model's own training
-    objective: a core model whose objective is Rec-Denoiser's ``DenoisingObjective``
-    (masks learned by ARM / AR, the Jacobian term), which the protocol runs on its loss
-    (``objective_loss``)."""
-    objective = getattr(model, "objective", None)
-    return (
-        objective is not None
-        and type(objective).__name__ == "DenoisingObjective"
-        and callable(getattr(model, "run_encoder", None))
-        and callable(getattr(model, "readout", None))
-        and not getattr(model, "bidirectional", False)
-    )
-
-
-def objective_loss(model, interaction, targets, negatives, all_positions: bool):
-    """Rec-Denoiser eq. 13 with eq. 4 as ``L``: the protocol's binary cross-entropy
-    (every target position, or the last one) run through the model's
-    ``DenoisingObjective``, so the masks learn from this loss and the Jacobian term
-    sees the same pass.  The negatives are drawn once, outside the passes, so both ARM
-    passes score the same items."""
-    from recbole_freq.model.objectives import DenoisingPass
-
-    item_seq = interaction[model.ITEM_SEQ]
-    inputs = sequence_inputs(model, interaction)
-    weight = item_embedding_weight(model)
-    lengths = interaction[model.ITEM_SEQ_LEN]
-    scored = targets > 0
-    count = scored.sum().clamp(min=1)
-
-    def run_pass():
-        block_inputs, block_outputs = model.run_encoder(item_seq, **inputs)
-        hidden = block_outputs[-1]
-        if not all_positions:
-            hidden = model.gather_indexes(hidden, lengths - 1)[:, None]
-        output = model.readout(hidden, **inputs)
-        positive = (output * weight[targets]).sum(-1)
-        negative = (output * weight[negatives]).sum(-1)
-        losses = (F.softplus(-positive) + F.softplus(negative)) * scored
-        return DenoisingPass(losses.sum(-1) / count, block_inputs, block_outputs, item_seq != 0)
-
-    return model.objective(model.encoder, run_pass)
-
-
-def check_plain_objective(model, config) -> None:
-    """The binary cross-entropy is computed here, not by the model: a model whose
-    training objective adds more (the contrastive terms of PolyRec, DuoRec, CL4SRec and
-    FEARec) would silently lose it, so it is refused.  Rec-Denoiser's objective is run
-    on this loss instead (``drives_objective``)."""
-    objective = getattr(model, "objective", None)
-    if drives_objective(model):
-        objective = None
-    if objective is not None and type(objective).__name__ != "PlainObjective":
-        raise ProtocolError(
-            f"{_bce_source(config)}, which does not apply {config['model']}'s "
-            f"{type(objective).__name__}; {_bce_way_out(config)}"
-        )
-    terms = auxiliary_terms(model, config)
-    if terms:
-        raise ProtocolError(
-            f"{_bce_source(config)}, which leaves out {config['model']}'s "
-            f"{' and '.join(terms)}; turn them off or {_bce_way_out(config)}"
-        )
-    if not isinstance(getattr(model, "item_embedding", None), torch.nn.Embedding):
-        raise ProtocolError(
-            f"{_bce_source(config)}, which scores items with the model's item_embedding; "
-            f"{type(model).__name__} has none; {_bce_way_out(config)}"
-        )
-
-
-def auxiliary_terms(model, config) -> list[str]:
-    """Loss terms ``model`` adds to its recommendation loss: the plugin models say
-    (``auxiliary_losses``); of RecBole's built-ins, FEARec adds its contrastive and
-    frequency-domain terms when its settings turn them on."""
-    hook = getattr(model, "auxiliary_losses", None)
-    if callable(hook):
-        return list(hook())
-    if config["model"] == "FEARec":
-        terms = []
-        if config["contrast"] not in (None, "None"):
-            terms.append(f"contrastive term (contrast={config['contrast']})")
-        if config["fredom"]:
-            terms.append("frequency-domain term (fredom=True)")
-        return terms
-    return []
-
-
-def item_embedding_weight(model) -> torch.Tensor:
-    weight = getattr(model, "item_scores_weight", None)  # without input-only tokens
-    return weight if isinstance(weight, torch.Tensor) else model.item_embedding.weight
-
-
-def row_negatives(item_seq, targets, n_items: int) -> torch.Tensor:
-    """One negative per row, uniform over the items that are neither in the row's input
-    nor its target (FMLP-Rec's ``neg_sample(set(items))``), drawn with torch's global
-    generator."""
-    item_seq, targets_cpu = item_seq.cpu(), targets.cpu()
-    seen = torch.zeros(len(targets_cpu), n_items, dtype=torch.bool)
-    seen.scatter_(1, item_seq, True)
-    seen[torch.arange(len(targets_cpu)), targets_cpu] = True
-    seen[:, 0] = True
-    if seen.all(dim=1).any():
-        raise ProtocolError(
-            "train_loss=bce: a training row holds every item, leaving no negative to draw; "
-            "use train_loss=model"
-        )
-    negatives = torch.randint(1, n_items, targets_cpu.shape)
-    redraw = seen.gather(1, negatives[:, None])[:, 0]
-    while redraw.any():
-        negatives[redraw] = torch.randint(1, n_items, (int(redraw.sum()),))
-        redraw = seen.gather(1, negatives[:, None])[:, 0]
-    return negatives.to(targets.device)
-
-
-def sequence_inputs(model, interaction) -> dict:
-    """What a plugin model's encoder reads besides the items (TiSASRec's timestamps);
-    nothing for RecBole's models."""
-    hook = getattr(model, "sequence_inputs", None)
-    return hook(interaction) if callable(hook) else {}
-
-
-def all_position_output(model, interaction) -> torch.Tensor:
-    """``(batch, n, hidden)``: the model's output at every position.  Plugin models
-    expose ``encode``; RecBole's sequential models read the last position with
-    ``gather_indexes`` inside ``forward``, which is bypassed for this call."""
-    item_seq = interaction[model.ITEM_SEQ]
-    if callable(getattr(model, "encode", None)):
-        return model.encode(item_seq, **sequence_inputs(model, interaction))
-    model.gather_indexes = lambda output, index: output
-    try:
-        output = model.forward(item_seq, interaction[model.ITEM_SEQ_LEN])
-    finally:
-        del model.gather_indexes
-    if output.dim() != 3 or output.size(1) != item_seq.size(1):
-        raise ProtocolError(
-            f"train_rows=last_n_all_positions needs every position's output, and "
-            f"{type(model).__name__}.forward does not give it (it does not read its last "
-            "position with gather_indexes); use train_rows=all_prefixes or window"
-        )
-    return output
-
-
-def check_causal(model, interaction) -> None:
-    """Position t must not see later items, or training every position at once would
-    show the model its targets: changing the last input item of a row must leave the
-    outputs of the positions before it unchanged (checked once, without dropout)."""
-    lengths = interaction[model.ITEM_SEQ_LEN]
-    row = int(torch.argmax(lengths))
-    last = int(lengths[row]) - 1
-    if last < 1:
-        return
-    item_seq = interaction[model.ITEM_SEQ][row : row + 1].clone()
-    changed = item_seq.clone()
-    changed[0, last] = 1 + int(item_seq[0, last]) % (model.n_items - 1)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            single = interaction[row : row + 1]
-            single.update(_interaction({model.ITEM_SEQ: item_seq}))
-            before = all_position_output(model, single)[0, :last]
-            single.update(_interaction({model.ITEM_SEQ: changed}))
-            after = all_position_output(model, single)[0, :last]
-    finally:
-        model.train(was_training)
-    if not torch.allclose(before, after, rtol=1e-4, atol=1e-5):
-        raise ProtocolError(
-            f"train_rows=last_n_all_positions needs a causal model (position t must not see "
-            f"later items); {type(model).__name__}'s earlier outputs changed when a later "
-            "item did (e.g. a frequency filter over the whole sequence); use "
-            "train_rows=all_prefixes or window"
-        )
-
-
-def position_negatives(train_dataset, interaction, targets, model) -> torch.Tensor:
-    """One negative per target position, uniform over the items outside the user's
-    training part (SASRec's ``random_neq``), drawn with torch's global generator."""
-    histories = train_dataset.protocol_histories
-    train_length = train_dataset.protocol_train_length
-    users = interaction[model.USER_ID].long().cpu().numpy()
-    rows, seen_items = histories.items_of(histories.start[users], train_length[users])
-    seen = torch.zeros(len(users), model.n_items, dtype=torch.bool)
-    seen[rows, seen_items] = True
-    seen[:, 0] = True
-    if seen.all(dim=1).any():
-        raise ProtocolError(
-            "train_rows=last_n_all_positions: a user's training part holds every item, "
-            "leaving no negative to draw; use train_rows=all_prefixes or window"
-        )
-    targets_cpu = targets.cpu()
-    negatives = torch.randint(1, model.n_items, targets_cpu.shape)
-    redraw = seen.gather(1, negatives) & (targets_cpu > 0)
-    while redraw.any():
-        negatives[redraw] = torch.randint(1, model.n_items, (int(redraw.sum()),))
-        redraw = seen.gather(1, negatives) & (targets_cpu > 0)
-    return torch.where(targets_cpu > 0, negatives, torch.zeros_like(negatives)).to(targets.device)
-
-
-def position_bce(output, targets, negatives, item_weight) -> torch.Tensor:
-    """Mean over target positions of ``softplus(-r_pos) + softplus(r_neg)``, i.e.
-    ``-log s(r_pos) - log(1 - s(r_neg))``."""
-    positions = targets > 0
-    hidden = output[positions]
-    positive = (hidden * item_weight[targets[positions]]).sum(-1)
-    negative = (hidden * item_weight[negatives[positions]]).sum(-1)
-    return (F.softplus(-positive) + F.softplus(negative)).mean()

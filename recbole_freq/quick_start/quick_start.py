@@ -66,6 +66,7 @@ from recbole_freq.quick_start.resume import (
 from recbole_freq.utils.command import DEFAULT_DATASET, DEFAULT_MODEL, invoked_command
 from recbole_freq.utils.files import OutputWriteError, plain_value, write_atomic
 from recbole_freq.utils.process_group import writing_rank
+from recbole_freq.utils.reproducibility import apply_determinism, environment_record
 from recbole_freq.utils.signals import RunInterrupted
 
 REPORTED_METRICS = [f"{name}@{k}" for k in (5, 10, 20) for name in ("hit", "ndcg")]
@@ -252,6 +253,7 @@ def run_summary(config, model, trainer, recorder, start: float, saved: bool, res
         "protocol": protocol_record(config),
         "seed": config["seed"],
         "device": str(config["device"]),
+        "environment": environment_record(config),
         "valid_metric": config["valid_metric"],
         **results,
         "epochs_run": n_epochs,
@@ -332,7 +334,9 @@ def load_splits(config, dataset=None):
 def new_model(config, train_data):
     """The model half: seeded as RecBole seeds it (plus the process's global rank in a
     data-parallel run, so that no two processes draw the same dropout), built on the
-    training split."""
+    training split, with the threads and deterministic algorithms the config asks for
+    (``utils.reproducibility``)."""
+    apply_determinism(config)
     rank = (config["local_rank"] or 0) + (config["offset"] or 0)
     init_seed(config["seed"] + rank, config["reproducibility"])
     return build_model(config, train_data._dataset)

@@ -80,7 +80,17 @@ def _paper_models(
 
     classes = {m: get_model_class(m) for m in models}
     files = {m: paper_file(classes[m].__name__, dataset) for m in models}
-    paper_models = [m for m, path in files.items() if path is not None]
+    # A denoiser's backbone beside it is the denoiser's reference: it shares the
+    # denoiser's paper settings even where it has a paper file of its own (SASRec's
+    # BSARec Table 2 settings), so that the pair differs only in the denoiser.
+    references = {}
+    for model in models:
+        for denoiser in models:
+            backbone = getattr(classes[denoiser], "default_backbone", None)
+            if files[denoiser] is not None and backbone == classes[model].__name__:
+                references[model] = paper_reference_settings(classes[denoiser].__name__, dataset)
+                break
+    paper_models = [m for m, path in files.items() if path is not None and m not in references]
     if not paper_models:
         raise ComparisonError(
             f"--paper: none of {', '.join(models)} has paper settings for {dataset!r} "
@@ -96,14 +106,6 @@ def _paper_models(
                 "choose one with --protocol, or add --mixed_protocols to run each model under "
                 "its own paper file's protocol in one table"
             )
-    references = {}
-    for model in models:
-        if model in paper_models:
-            continue
-        for denoiser in paper_models:
-            if getattr(classes[denoiser], "default_backbone", None) == classes[model].__name__:
-                references[model] = paper_reference_settings(classes[denoiser].__name__, dataset)
-                break
     return paper_models, references
 
 

@@ -1,0 +1,285 @@
+"""The sampled losses of ``train_loss`` (``bce``, ``bpr``: one negative per target),
+computed by the protocol's trainer from a model's output and item embeddings: the
+negatives (``row_negatives``, ``position_negatives``), the pair losses, the model's own
+regularisation kept beside them, and the checks that refuse a model whose own loss
+would be silently lost."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from recbole_freq.protocol.pieces import ALL_POSITIONS, ProtocolError, protocol_settings
+from recbole_freq.protocol.rows import _interaction
+
+SAMPLED_LOSSES = ("bce", "bpr")
+
+
+def _bce_source(config) -> str:
+    settings = protocol_settings(config)
+    if settings["train_rows"] == ALL_POSITIONS:
+        return f"train_rows={ALL_POSITIONS} trains with SASRec's per-position loss"
+    if settings["train_loss"] == "bpr":
+        return "train_loss=bpr trains with the authors' BPR against one negative"
+    return "train_loss=bce trains with the authors' binary cross-entropy"
+
+
+def _bce_way_out(config) -> str:
+    if protocol_settings(config)["train_rows"] == ALL_POSITIONS:
+        return "use train_rows=all_prefixes or window"
+    return "use train_loss=model"
+
+
+def drives_objective(model) -> bool:
+    """Whether the protocol's binary cross-entropy goes through the model's own training
+    objective: a core model whose objective is Rec-Denoiser's ``DenoisingObjective``
+    (masks learned by ARM / AR, the Jacobian term), which the protocol runs on its loss
+    (``objective_loss``)."""
+    objective = getattr(model, "objective", None)
+    return (
+        objective is not None
+        and type(objective).__name__ == "DenoisingObjective"
+        and callable(getattr(model, "run_encoder", None))
+        and callable(getattr(model, "readout", None))
+        and not getattr(model, "bidirectional", False)
+    )
+
+
+def objective_loss(model, interaction, targets, negatives, all_positions: bool):
+    """Rec-Denoiser eq. 13 with eq. 4 as ``L``: the protocol's binary cross-entropy
+    (every target position, or the last one) run through the model's
+    ``DenoisingObjective``, so the masks learn from this loss and the Jacobian term
+    sees the same pass.  The negatives are drawn once, outside the passes, so both ARM
+    passes score the same items."""
+    from recbole_freq.model.objectives import DenoisingPass
+
+    item_seq = interaction[model.ITEM_SEQ]
+    inputs = sequence_inputs(model, interaction)
+    weight = item_embedding_weight(model)
+    lengths = interaction[model.ITEM_SEQ_LEN]
+    scored = targets > 0
+    count = scored.sum().clamp(min=1)
+
+    def run_pass():
+        block_inputs, block_outputs = model.run_encoder(item_seq, **inputs)
+        hidden = block_outputs[-1]
+        if not all_positions:
+            hidden = model.gather_indexes(hidden, lengths - 1)[:, None]
+        output = model.readout(hidden, **inputs)
+        positive = (output * weight[targets]).sum(-1)
+        negative = (output * weight[negatives]).sum(-1)
+        losses = pair_loss(positive, negative, "bce") * scored
+        return DenoisingPass(losses.sum(-1) / count, block_inputs, block_outputs, item_seq != 0)
+
+    return model.objective(model.encoder, run_pass)
+
+
+def check_plain_objective(model, config) -> None:
+    """The binary cross-entropy is computed here, not by the model: a model whose
+    training objective adds more (the contrastive terms of PolyRec, DuoRec, CL4SRec and
+    FEARec) would silently lose it, so it is refused.  Rec-Denoiser's objective is run
+    on this loss instead (``drives_objective``)."""
+    objective = getattr(model, "objective", None)
+    if drives_objective(model):
+        objective = None
+    if objective is not None and type(objective).__name__ != "PlainObjective":
+        raise ProtocolError(
+            f"{_bce_source(config)}, which does not apply {config['model']}'s "
+            f"{type(objective).__name__}; {_bce_way_out(config)}"
+        )
+    terms = auxiliary_terms(model, config)
+    if terms:
+        raise ProtocolError(
+            f"{_bce_source(config)}, which leaves out {config['model']}'s "
+            f"{' and '.join(terms)}; turn them off or {_bce_way_out(config)}"
+        )
+    if not isinstance(getattr(model, "item_embedding", None), torch.nn.Embedding):
+        raise ProtocolError(
+            f"{_bce_source(config)}, which scores items with the model's item_embedding; "
+            f"{type(model).__name__} has none; {_bce_way_out(config)}"
+        )
+
+
+def auxiliary_terms(model, config) -> list[str]:
+    """Loss terms ``model`` adds to its recommendation loss: the plugin models say
+    (``auxiliary_losses``); of RecBole's built-ins, FEARec adds its contrastive and
+    frequency-domain terms when its settings turn them on."""
+    hook = getattr(model, "auxiliary_losses", None)
+    if callable(hook):
+        return list(hook())
+    if isinstance(model, _recbole_class("FEARec")):
+        terms = []
+        if config["contrast"] not in (None, "None"):
+            terms.append(f"contrastive term (contrast={config['contrast']})")
+        if config["fredom"]:
+            terms.append("frequency-domain term (fredom=True)")
+        return terms
+    return []
+
+
+def item_embedding_weight(model) -> torch.Tensor:
+    weight = getattr(model, "item_scores_weight", None)  # without input-only tokens
+    return weight if isinstance(weight, torch.Tensor) else model.item_embedding.weight
+
+
+def row_negatives(item_seq, targets, n_items: int) -> torch.Tensor:
+    """One negative per row, uniform over the items that are neither in the row's input
+    nor its target (FMLP-Rec's ``neg_sample(set(items))``), drawn with torch's global
+    generator."""
+    item_seq, targets_cpu = item_seq.cpu(), targets.cpu()
+    seen = torch.zeros(len(targets_cpu), n_items, dtype=torch.bool)
+    seen.scatter_(1, item_seq, True)
+    seen[torch.arange(len(targets_cpu)), targets_cpu] = True
+    seen[:, 0] = True
+    if seen.all(dim=1).any():
+        raise ProtocolError(
+            "train_loss=bce: a training row holds every item, leaving no negative to draw; "
+            "use train_loss=model"
+        )
+    negatives = torch.randint(1, n_items, targets_cpu.shape)
+    redraw = seen.gather(1, negatives[:, None])[:, 0]
+    while redraw.any():
+        negatives[redraw] = torch.randint(1, n_items, (int(redraw.sum()),))
+        redraw = seen.gather(1, negatives[:, None])[:, 0]
+    return negatives.to(targets.device)
+
+
+def sequence_inputs(model, interaction) -> dict:
+    """What a plugin model's encoder reads besides the items (TiSASRec's timestamps);
+    nothing for RecBole's models."""
+    hook = getattr(model, "sequence_inputs", None)
+    return hook(interaction) if callable(hook) else {}
+
+
+def all_position_output(model, interaction) -> torch.Tensor:
+    """``(batch, n, hidden)``: the model's output at every position.  Plugin models
+    expose ``encode``; RecBole's sequential models read the last position with
+    ``gather_indexes`` inside ``forward``, which is bypassed for this call."""
+    item_seq = interaction[model.ITEM_SEQ]
+    if callable(getattr(model, "encode", None)):
+        return model.encode(item_seq, **sequence_inputs(model, interaction))
+    model.gather_indexes = lambda output, index: output
+    try:
+        output = model.forward(item_seq, interaction[model.ITEM_SEQ_LEN])
+    finally:
+        del model.gather_indexes
+    if output.dim() != 3 or output.size(1) != item_seq.size(1):
+        raise ProtocolError(
+            f"train_rows=last_n_all_positions needs every position's output, and "
+            f"{type(model).__name__}.forward does not give it (it does not read its last "
+            "position with gather_indexes); use train_rows=all_prefixes or window"
+        )
+    return output
+
+
+def check_causal(model, interaction) -> None:
+    """Position t must not see later items, or training every position at once would
+    show the model its targets: changing the last input item of a row must leave the
+    outputs of the positions before it unchanged (checked once, without dropout)."""
+    lengths = interaction[model.ITEM_SEQ_LEN]
+    row = int(torch.argmax(lengths))
+    last = int(lengths[row]) - 1
+    if last < 1:
+        return
+    item_seq = interaction[model.ITEM_SEQ][row : row + 1].clone()
+    changed = item_seq.clone()
+    changed[0, last] = 1 + int(item_seq[0, last]) % (model.n_items - 1)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            single = interaction[row : row + 1]
+            single.update(_interaction({model.ITEM_SEQ: item_seq}))
+            before = all_position_output(model, single)[0, :last]
+            single.update(_interaction({model.ITEM_SEQ: changed}))
+            after = all_position_output(model, single)[0, :last]
+    finally:
+        model.train(was_training)
+    if not torch.allclose(before, after, rtol=1e-4, atol=1e-5):
+        raise ProtocolError(
+            f"train_rows=last_n_all_positions needs a causal model (position t must not see "
+            f"later items); {type(model).__name__}'s earlier outputs changed when a later "
+            "item did (e.g. a frequency filter over the whole sequence); use "
+            "train_rows=all_prefixes or window"
+        )
+
+
+def position_negatives(train_dataset, interaction, targets, model) -> torch.Tensor:
+    """One negative per target position, uniform over the items outside the user's
+    training part (SASRec's ``random_neq``), drawn with torch's global generator."""
+    histories = train_dataset.protocol_histories
+    train_length = train_dataset.protocol_train_length
+    users = interaction[model.USER_ID].long().cpu().numpy()
+    rows, seen_items = histories.items_of(histories.start[users], train_length[users])
+    seen = torch.zeros(len(users), model.n_items, dtype=torch.bool)
+    seen[rows, seen_items] = True
+    seen[:, 0] = True
+    if seen.all(dim=1).any():
+        raise ProtocolError(
+            "train_rows=last_n_all_positions: a user's training part holds every item, "
+            "leaving no negative to draw; use train_rows=all_prefixes or window"
+        )
+    targets_cpu = targets.cpu()
+    negatives = torch.randint(1, model.n_items, targets_cpu.shape)
+    redraw = seen.gather(1, negatives) & (targets_cpu > 0)
+    while redraw.any():
+        negatives[redraw] = torch.randint(1, model.n_items, (int(redraw.sum()),))
+        redraw = seen.gather(1, negatives) & (targets_cpu > 0)
+    return torch.where(targets_cpu > 0, negatives, torch.zeros_like(negatives)).to(targets.device)
+
+
+def pair_loss(positive, negative, kind: str) -> torch.Tensor:
+    """The loss of each (positive, negative) score pair: ``bce``, ``-log s(r_pos) - log(1 -
+    s(r_neg))`` as ``softplus(-r_pos) + softplus(r_neg)`` (SASRec eq. 4 of Rec-Denoiser);
+    ``bpr``, ``-log(1e-10 + s(r_pos - r_neg))`` (RecBole's ``BPRLoss``, the BSARec
+    authors' GRU4Rec)."""
+    if kind == "bpr":
+        return -torch.log(1e-10 + torch.sigmoid(positive - negative))
+    return F.softplus(-positive) + F.softplus(negative)
+
+
+def position_loss(output, targets, negatives, item_weight, kind: str = "bce") -> torch.Tensor:
+    """Mean of ``pair_loss`` over the positions that have a target."""
+    positions = targets > 0
+    hidden = output[positions]
+    positive = (hidden * item_weight[targets[positions]]).sum(-1)
+    negative = (hidden * item_weight[negatives[positions]]).sum(-1)
+    return pair_loss(positive, negative, kind).mean()
+
+
+def _recbole_class(name: str) -> type:
+    """RecBole's sequential model class ``name`` (``Caser``, ``FEARec``)."""
+    import importlib
+
+    module = importlib.import_module(f"recbole.model.sequential_recommender.{name.lower()}")
+    return getattr(module, name)
+
+
+def last_position_output(model, interaction) -> torch.Tensor:
+    """``(batch, hidden)``: the model's output for the row's next item.  Caser reads the
+    user and the whole row (``forward(user, item_seq)``); every other model reads the
+    items and their lengths (and a plugin model its ``sequence_inputs``)."""
+    item_seq = interaction[model.ITEM_SEQ]
+    if isinstance(model, _recbole_class("Caser")):
+        return model.forward(interaction[model.USER_ID], item_seq)
+    return model.forward(
+        item_seq, interaction[model.ITEM_SEQ_LEN], **sequence_inputs(model, interaction)
+    )
+
+
+def regularisation(model):
+    """What the model adds to its recommendation loss as a penalty on its weights, so that
+    a sampled loss computed here keeps it: Caser's L2 terms (RecBole's
+    ``Caser.calculate_loss``; the BSARec authors' ``caser.py``: ``reg_weight`` times the
+    norms of the user and item embeddings, the vertical filter and both fully connected
+    layers, plus ``reg_loss_conv_h``); 0 for models without one."""
+    if isinstance(model, _recbole_class("Caser")):
+        weights = [
+            model.user_embedding.weight,
+            model.item_embedding.weight,
+            model.conv_v.weight,
+            model.fc1.weight,
+            model.fc2.weight,
+        ]
+        return model.reg_weight * model.reg_loss(weights) + model.reg_loss_conv_h()
+    return 0.0

@@ -1,0 +1,120 @@
+"""What decides a run's numbers beyond its settings, set and recorded.
+
+The same seed and settings give the same metrics only on the same thread count, device
+and library versions: a float sum over 2 threads is added in another order than over 1,
+and the last bits of a loss part at once (then training follows another path).  So every
+run file keeps ``environment_record`` (versions, device and its name, torch's thread
+counts, whether deterministic algorithms were on), and ``deterministic: True`` (on by
+default under ``--paper``) makes a run repeatable bit for bit:
+
+- torch's intra-op threads are pinned to ``torch_threads`` (1 when unset), so the float
+  reductions run in one order on every machine, whatever its core count;
+- ``torch.use_deterministic_algorithms(True, warn_only=True)``: CUDA kernels that would
+  add in a varying order (index_add, scatter_add, cuBLAS' split reductions) take their
+  deterministic variants; an operation without one warns instead of stopping the run;
+- ``CUBLAS_WORKSPACE_CONFIG`` is set (CUDA needs it for deterministic cuBLAS); cuDNN's
+  deterministic kernels are RecBole's ``reproducibility: True`` (its default).
+
+``torch_threads`` alone pins the thread count without the rest.  A run without either
+keeps torch's default thread count, which is the machine's core count.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+_DEFAULT_THREADS: int | None = None
+# CUDA's documented setting for deterministic cuBLAS (the CUDA Toolkit's "Results
+# reproducibility" section); it must be in the environment before cuBLAS starts.
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+class ThreadSettingError(ValueError):
+    """A ``torch_threads`` value that is not a positive whole number."""
+
+
+def _setting(config, key):
+    try:
+        return config[key]
+    except KeyError:
+        return None
+
+
+def run_threads(config) -> int | None:
+    """The intra-op thread count a run pins (``None``: torch's default)."""
+    threads = _setting(config, "torch_threads")
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ThreadSettingError(
+                f"torch_threads={threads!r} must be a whole number of threads, 1 or more"
+            )
+        return threads
+    return 1 if _setting(config, "deterministic") else None
+
+
+def apply_determinism(config) -> None:
+    """Set this process's threads and deterministic algorithms as ``config`` asks; a
+    later run in the same process (a comparison, a search) that asks for neither gets
+    torch's defaults back."""
+    import torch
+
+    global _DEFAULT_THREADS
+    if _DEFAULT_THREADS is None:
+        _DEFAULT_THREADS = torch.get_num_threads()
+    threads = run_threads(config)
+    torch.set_num_threads(threads or _DEFAULT_THREADS)
+    deterministic = bool(_setting(config, "deterministic"))
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+
+
+def _processor_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(module_name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(module_name)
+    except PackageNotFoundError:
+        return None
+
+
+def environment_record(config) -> dict:
+    """What decides the run's numbers besides its settings: library versions, the device
+    and its name, torch's thread counts and the determinism switches in force."""
+    import numpy
+    import torch
+
+    device = torch.device(str(_setting(config, "device") or "cpu"))
+    if device.type == "cuda" and torch.cuda.is_available():
+        device_name = torch.cuda.get_device_name(device)
+    else:
+        device_name = _processor_name()
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "recbole": _version("recbole"),
+        "numpy": numpy.__version__,
+        "recbole_freq": _version("recbole-freq"),
+        "cuda": torch.version.cuda if device.type == "cuda" else None,
+        "device": str(device),
+        "device_name": device_name,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+    }
