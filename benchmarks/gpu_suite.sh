@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU suite in one command, on a machine with a CUDA device (nothing else needed):
-#   benchmarks/gpu_suite.sh [OUT_DIR]          (default: benchmarks/results/gpu-suite)
+#   benchmarks/gpu_suite.sh [OUT_DIR] [DATA_PATH]   (default: benchmarks/results/gpu-suite)
+# DATA_PATH: a folder with lastfm/ prepared for the speed benchmark (default: RecBole's
+# bundled ml-100k, which needs no data step).
 # 1. tests/test_gpu.py: every model trains an epoch on CUDA in fp32 and with AMP, and the
 #    fused attention's CUDA branches compute the explicit attention;
 # 2. benchmarks/bench_speed.py: training and inference time per step of the plugin models
@@ -15,6 +17,7 @@ if [ ! -x "$python" ]; then
   python=$root/.venv/bin/python
 fi
 out=${1:-benchmarks/results/gpu-suite}
+data=${2:-$("$python" -c 'import pathlib, recbole; print(pathlib.Path(recbole.__file__).parent / "dataset_example")')}
 mkdir -p "$out"
 
 "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else
@@ -27,7 +30,7 @@ tests_status=$?
 set -e
 tail -n 1 "$out/tests.txt"
 
-"$python" benchmarks/bench_speed.py --out "$out" --name speed \
+"$python" benchmarks/bench_speed.py --out "$out" --name speed --data_path "$data" \
   --models SASRec,BSARec,FBSARec,PolyRec,RecDenoiser,FMLPRec,DuoRec,CL4SRec,TiSASRec,SSEPT
 
 "$python" - "$out" <<'PY'
