@@ -21,6 +21,9 @@ import json
 import sys
 from pathlib import Path
 
+from recbole_freq.jobs.compare.statistics import add_per_user_tests
+from recbole_freq.jobs.compare.tables import recorded_loss, summarise
+
 DEFAULT_METRICS = "hit@5,hit@10,hit@20,ndcg@5,ndcg@10,ndcg@20"
 
 
@@ -43,7 +46,7 @@ def load_runs(folders: list[Path]) -> list[dict]:
 
 
 def table(runs: list[dict], paper: dict, metrics: list[str]) -> str:
-    head = ["model", *metrics, "epochs (best)", "s/epoch"]
+    head = ["model", "loss", *metrics, "epochs (best)", "s/epoch"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for run in runs:
         ours = [run["test_result"][m] for m in metrics]
@@ -52,7 +55,7 @@ def table(runs: list[dict], paper: dict, metrics: list[str]) -> str:
         shown = "" if label == run["protocol"]["protocol"] else f", {label}"
         seed = f", seed {run['seed']}" if run.get("seed") is not None else ""
         lines.append(
-            f"| {run['model']} (ours{seed}{shown}) | "
+            f"| {run['model']} (ours{seed}{shown}) | {recorded_loss(run)} | "
             + " | ".join(f"{v:.4f}" for v in ours)
             + f" | {run['epochs_run']} ({run['best_epoch']}), {stop} | "
             f"{run['train_seconds_per_epoch']:.0f} |"
@@ -64,17 +67,94 @@ def table(runs: list[dict], paper: dict, metrics: list[str]) -> str:
             reported = rows.get(run["model"])
             if reported is None:
                 continue
+            loss = paper.get("losses", {}).get(run["model"], "") if source == "paper" else ""
             lines.append(
-                f"| {run['model']} ({source}) | "
+                f"| {run['model']} ({source}) | {loss} | "
                 + " | ".join(_value(v) for v in reported)
                 + " | | |"
             )
             lines.append(
-                f"| difference from {named} | "
+                f"| difference from {named} | | "
                 + " | ".join(_difference(o, r) for o, r in zip(ours, reported))
                 + " | | |"
             )
     return "\n".join(lines)
+
+
+def gains(runs: list[dict], paper: dict, metrics: list[str], proposed: str) -> str:
+    """The proposed model's relative gain over every other (model, loss) of ours (means
+    over the seeds both have), with the package's tests of ``--compare``: paired t across
+    those seeds, paired t and Wilcoxon across the test users (per-user values averaged
+    over the seeds, Holm-corrected over the metrics of one baseline); each beside the
+    paper's and the authors' code's gain over that model."""
+    groups: dict[str, dict[int, dict]] = {}
+    for run in runs:
+        name = f"{run['model']}, {recorded_loss(run)}"
+        groups.setdefault(name, {})[run.get("seed")] = {"summary": run}
+    mine = [name for name in groups if name.split(", ", 1)[0] == proposed]
+    if len(mine) != 1:
+        raise SystemExit(f"--proposed {proposed}: needs runs of it with one loss, found {mine}")
+    head = ["gain of " + proposed, "over", "seeds", *metrics]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    here = paper.get("authors_here", {}).get("rows", {})
+    for name, by_seed in groups.items():
+        if name == mine[0]:
+            continue
+        seeds = sorted(set(by_seed) & set(groups[mine[0]]))
+        if not seeds:
+            continue
+        records = {
+            (entry, seed): groups[entry][seed] for entry in (name, mine[0]) for seed in seeds
+        }
+        rows = summarise(records, [name, mine[0]], seeds, metrics, {name})
+        add_per_user_tests(rows, records, seeds, metrics, "holm")
+        row = rows[1]
+        seeds_text = ", ".join(map(str, seeds))
+        lines.append(
+            f"| ours | {name} | {seeds_text} | "
+            + " | ".join(_gain(row[f"{m}_improv_pct"]) for m in metrics)
+            + " |"
+        )
+        for key, test in (
+            ("p_value", "p, paired t across seeds"),
+            ("p_t_users", "p, paired t across users (Holm)"),
+            ("p_wilcoxon_users", "p, Wilcoxon across users (Holm)"),
+        ):
+            lines.append(
+                f"| {test} | | | " + " | ".join(_p(row.get(f"{m}_{key}")) for m in metrics) + " |"
+            )
+        model = name.split(", ", 1)[0]
+        for source, rows_given, loss_of in (
+            ("paper", paper["rows"], paper.get("losses", {}).get(model, "as the paper trained it")),
+            ("authors' code here", here, "as their code trains it"),
+        ):
+            if proposed in rows_given and model in rows_given:
+                lines.append(
+                    f"| {source} | {model}, {loss_of} | | "
+                    + " | ".join(
+                        _relative(a, b) for a, b in zip(rows_given[proposed], rows_given[model])
+                    )
+                    + " |"
+                )
+    note = (
+        f"{mine[0]}; each gain: the relative change of its mean over the baseline's mean, "
+        "over the seeds both have."
+    )
+    return note + "\n\n" + "\n".join(lines)
+
+
+def _gain(percent) -> str:
+    return "n/a" if percent is None else f"{percent:+.1f}%"
+
+
+def _p(value) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
+
+
+def _relative(value, reference) -> str:
+    if value is None or reference is None:
+        return "n/a"
+    return f"{(value - reference) / reference * 100:+.1f}%"
 
 
 def _value(value) -> str:
@@ -90,6 +170,7 @@ def main(argv=None) -> int:
     parser.add_argument("runs", nargs="+", type=Path, help="runs/ folders of --compare")
     parser.add_argument("--paper", type=Path, required=True, help="the paper's rows (json)")
     parser.add_argument("--metrics", default=DEFAULT_METRICS)
+    parser.add_argument("--proposed", help="add its gain over each other model and loss")
     args = parser.parse_args(argv)
     runs = load_runs(args.runs)
     paper = json.loads(args.paper.read_text())
@@ -97,6 +178,8 @@ def main(argv=None) -> int:
     order = list(paper["rows"])
     runs.sort(key=lambda run: order.index(run["model"]) if run["model"] in order else 99)
     sys.stdout.write(table(runs, paper, metrics) + "\n")
+    if args.proposed:
+        sys.stdout.write("\n" + gains(runs, paper, metrics, args.proposed) + "\n")
     return 0
 
 

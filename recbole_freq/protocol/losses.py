@@ -9,7 +9,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from recbole_freq.protocol.pieces import ALL_POSITIONS, ProtocolError, protocol_settings
+from recbole_freq.protocol.pieces import (
+    ALL_POSITIONS,
+    ProtocolError,
+    loss_base_label,
+    protocol_settings,
+)
 from recbole_freq.protocol.rows import _interaction
 
 SAMPLED_LOSSES = ("bce", "bpr")
@@ -283,3 +288,17 @@ def regularisation(model):
         ]
         return model.reg_weight * model.reg_loss(weights) + model.reg_loss_conv_h()
     return 0.0
+
+
+def training_loss_label(model, config) -> str:
+    """The loss a run trains with, as every table names it: the protocol's sampled loss
+    (``BCE, 1 negative`` at the last position or ``per position``; ``BPR, 1 negative``)
+    or the model's own (its ``loss_type``, e.g. ``CE``), with each term the model adds
+    (contrastive, frequency-domain, Caser's ``L2``)."""
+    settings = protocol_settings(config)
+    loss_type = config["loss_type"] if "loss_type" in config else None
+    base = loss_base_label(settings["train_loss"], settings["train_rows"], loss_type)
+    terms = auxiliary_terms(model, config)
+    if isinstance(regularisation(model), torch.Tensor):
+        terms.append("L2 terms")
+    return " + ".join([base, *terms])

@@ -91,6 +91,18 @@ def _default(piece: str, settings: dict) -> str:
     return PIECES[piece][0]
 
 
+def loss_base_label(train_loss: str, train_rows: str, loss_type) -> str:
+    """The loss without the model's added terms, as tables name it: ``BCE, 1 negative,
+    last position`` (or ``per position``), ``BPR, 1 negative, last position``, or the
+    model's own ``loss_type`` (``CE (model's own)``)."""
+    if train_loss == "bce":
+        per = "per position" if train_rows == ALL_POSITIONS else "last position"
+        return f"BCE, 1 negative, {per}"
+    if train_loss == "bpr":
+        return "BPR, 1 negative, last position"
+    return f"{loss_type or 'own loss'} (model's own)"
+
+
 def _test_mode(config) -> str:
     mode = config["eval_args"]["mode"]
     return str(mode.get("test", mode) if isinstance(mode, dict) else mode)

@@ -35,6 +35,7 @@ from recbole_freq.protocol import (
     protocol_trainer,
     use_protocol_negatives,
 )
+from recbole_freq.protocol.losses import training_loss_label
 from recbole_freq.protocol.sampled_scoring import use_full_sort_for_sampled_scoring
 from recbole_freq.quick_start.distributed import (
     DataParallelError,
@@ -251,6 +252,7 @@ def run_summary(config, model, trainer, recorder, start: float, saved: bool, res
         "model": config["model"],
         "dataset": config["dataset"],
         "protocol": protocol_record(config),
+        "training_loss": training_loss_label(model, config),
         "seed": config["seed"],
         "device": str(config["device"]),
         "environment": environment_record(config),

@@ -22,6 +22,7 @@ from recbole_freq.jobs.compare.statistics import (
     smaller_is_better,
 )
 from recbole_freq.protocol import comparable_label, protocol_label
+from recbole_freq.protocol.pieces import loss_base_label
 from recbole_freq.quick_start.preflight import extra_test_modes
 from recbole_freq.utils.files import write_atomic
 
@@ -80,6 +81,29 @@ def pruned_fractions(summaries) -> list[float] | None:
     return [float(value) for value in np.mean(layers, axis=0)]
 
 
+def recorded_loss(summary: dict) -> str:
+    """The training loss a run file names (``training_loss``); for a run stored before
+    runs named it, the same name read from its settings (the protocol's ``train_loss``
+    and ``train_rows``, the model's ``loss_type`` and the terms its settings turn on)."""
+    if summary.get("training_loss"):
+        return str(summary["training_loss"])
+    protocol = summary.get("protocol") if isinstance(summary.get("protocol"), dict) else {}
+    config = summary.get("config") or {}
+    if "train_loss" not in protocol:
+        return "unrecorded"
+    base = loss_base_label(
+        protocol["train_loss"], protocol.get("train_rows"), config.get("loss_type")
+    )
+    terms = []
+    if config.get("contrast") not in (None, "None"):
+        terms.append(f"contrastive term (contrast={config['contrast']})")
+    if config.get("fredom"):
+        terms.append("frequency-domain term (fredom=True)")
+    if summary.get("model") == "Caser":
+        terms.append("L2 terms")
+    return " + ".join([base, *terms])
+
+
 def summarise(records: dict, models, seeds, metrics, baselines) -> list[dict]:
     """One row per model: mean/std per metric and, for proposed models, improvement over
     the best baseline per metric and the paired t-test against it."""
@@ -94,6 +118,7 @@ def summarise(records: dict, models, seeds, metrics, baselines) -> list[dict]:
         row = {
             "model": model,
             "role": "baseline" if model in baselines else "proposed",
+            "loss": " / ".join(dict.fromkeys(recorded_loss(s) for s in summaries)),
             "seeds": len(seeds),
         }
         for metric in metrics:
@@ -169,9 +194,10 @@ def runs_csv_text(records: dict, models, seeds, metrics) -> str:
 
 
 def markdown_table(rows, metrics, dataset, seeds, protocol: str = "", correction="holm") -> str:
-    """The papers' layout: a mean ± std row per model (best mean in bold), then per proposed
-    model an "Improv." row and a paired t-test row against the best baseline."""
-    header = ["Model", *metrics, "s/epoch (train)", "epochs", "parameters"]
+    """The papers' layout: a mean ± std row per model (best mean in bold) naming the loss
+    it trained with, then per proposed model an "Improv." row and a paired t-test row
+    against the best baseline."""
+    header = ["Model", "loss", *metrics, "s/epoch (train)", "epochs", "parameters"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     best = {}
     for metric in metrics:
@@ -184,6 +210,7 @@ def markdown_table(rows, metrics, dataset, seeds, protocol: str = "", correction
         cells = [row["model"] + (" (baseline)" if row["role"] == "baseline" else "")]
         if mixed:
             cells[0] += f" [{row['protocol']}]"
+        cells.append(row.get("loss", ""))
         for metric in metrics:
             text = f"{row[f'{metric}_mean']:.4f}"
             text += f" ± {row[f'{metric}_std']:.4f}" if spread else ""
@@ -198,7 +225,7 @@ def markdown_table(rows, metrics, dataset, seeds, protocol: str = "", correction
     for row in rows:
         if row["role"] != "proposed" or not any(row[f"{m}_best_baseline"] for m in metrics):
             continue
-        gains, tests = [f"Improv. {row['model']}"], [f"p (paired t) {row['model']}"]
+        gains, tests = [f"Improv. {row['model']}", ""], [f"p (paired t) {row['model']}", ""]
         for metric in metrics:
             gain, p_value = row[f"{metric}_improv_pct"], row[f"{metric}_p_value"]
             gains.append("n/a" if gain is None else f"{gain:+.2f}%")
@@ -207,7 +234,7 @@ def markdown_table(rows, metrics, dataset, seeds, protocol: str = "", correction
         lines.append("| " + " | ".join(tests + [""] * 3) + " |")
         if any(f"{m}_p_wilcoxon_users" in row for m in metrics):
             for key, name in (("p_wilcoxon_users", "Wilcoxon"), ("p_t_users", "paired t")):
-                cells = [f"p ({name}, users, {correction}) {row['model']}"]
+                cells = [f"p ({name}, users, {correction}) {row['model']}", ""]
                 for metric in metrics:
                     p_value = row.get(f"{metric}_{key}")
                     cells.append("n/a" if p_value is None else f"{p_value:.3g}")
