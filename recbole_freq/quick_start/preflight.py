@@ -16,6 +16,7 @@ from recbole_freq.config.configurator import get_model_class
 from recbole_freq.data.guard import check_prepared, inter_columns, inter_files
 from recbole_freq.model.layout import with_sequence_layout
 from recbole_freq.utils.files import check_writable
+from recbole_freq.utils.reproducibility import run_threads
 
 
 class ModelBuildError(ValueError):
@@ -65,6 +66,7 @@ def check_run_settings(config) -> None:
     if problem:
         raise ValueError(problem)
     _check_valid_metric(config)
+    run_threads(config)  # a torch_threads that is not a thread count, in one line
     sequential = config["MODEL_TYPE"] == ModelType.SEQUENTIAL
     modes = config["eval_args"]["mode"]
     modes = modes if isinstance(modes, dict) else {"valid": modes, "test": modes}
