@@ -55,6 +55,12 @@ def test_a_resumed_run_ends_with_the_metrics_of_an_uninterrupted_one(
     resumed = resume_run(state_file)
     assert comparable(resumed) == comparable(uninterrupted)
     assert not state_file.exists()  # removed once the run is complete
+    # Its time counts both segments, not only the last one.
+    assert resumed["segments"] == 2 and uninterrupted["segments"] == 1
+    assert resumed["total_seconds_covers"] == "every segment"
+    last_segment = sum(epoch["train_seconds"] for epoch in resumed["history"][2:])
+    earlier = sum(epoch["train_seconds"] for epoch in resumed["history"][:2])
+    assert resumed["total_seconds"] >= last_segment + earlier
 
 
 def cli(config: dict) -> list[str]:

@@ -98,6 +98,9 @@ RESUME_STATE = {
     "checkpoint_file": (False, lambda value: isinstance(value, str)),
     "history": (True, lambda value: isinstance(value, list)),
     "train_seconds": (True, _number),
+    # Wall time of the run so far and its segment count (absent in earlier versions).
+    "elapsed_seconds": (False, _optional(_number)),
+    "segments": (False, _integer),
     "rng": (True, lambda value: isinstance(value, dict)),
     "loader_generators": (True, lambda value: isinstance(value, list)),
 }

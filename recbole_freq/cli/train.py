@@ -33,7 +33,7 @@ common overrides (any RecBole or model setting, as --key=value):
   --checkpoint_dir=DIR --device=cpu|cuda --extra_test_modes="['uni100']"
   --protocol=recbole|bsarec|fmlprec|sasrec|uni100 (docs/protocols.md), or its pieces:
   --history_mask=none|zero|exclude --train_rows=all_prefixes|window|last_n_all_positions
-  --train_loss=model|bce --eval_negatives=target_only|unseen --stopping_rule=recbole|strict
+  --train_loss=model|bce|bpr --eval_negatives=target_only|unseen --stopping_rule=recbole|strict
   --sequence_layout=right|left
 An unknown or misspelled key is an error; list your own keys under accept_unknown_keys.
 

@@ -173,6 +173,7 @@ def run_config(
     trainer = protocol_trainer(config, model)
     trainer.saved_model_file = checkpoint_file or unique_checkpoint_path(config)
     recorder = TrainingRecorder(trainer)
+    recorder.run_start = start
     resume_file = keep_resume_state(config, saved, trainer, recorder, loaders, resume_file, state)
 
     try:
@@ -262,7 +263,12 @@ def run_summary(config, model, trainer, recorder, start: float, saved: bool, res
         "best_epoch": recorder.best_epoch,
         "stopped_early": n_epochs < config["epochs"],
         "train_seconds_per_epoch": recorder.train_seconds / max(n_epochs, 1),
-        "total_seconds": time.perf_counter() - start,
+        # A resumed run's total counts its earlier segments up to their last resume state.
+        "total_seconds": (recorder.earlier_seconds or 0.0) + time.perf_counter() - start,
+        "segments": recorder.segments,
+        "total_seconds_covers": "every segment"
+        if recorder.earlier_seconds is not None
+        else "the last segment only (resumed from a state that did not count earlier ones)",
         "parameters": sum(p.numel() for p in model.parameters()),
         "processes": int(config["world_size"]) if parallel else 1,
         "checkpoint": trainer.saved_model_file if saved else None,

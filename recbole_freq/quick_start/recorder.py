@@ -17,6 +17,11 @@ class TrainingRecorder:
         self.trainer = trainer
         self.epochs: list[dict] = []
         self.train_seconds = 0.0
+        # Wall time of a resumed run's earlier segments (each up to its last resume state;
+        # None when that state predates the count) and how many segments the run had.
+        self.run_start = time.perf_counter()
+        self.earlier_seconds: float | None = 0.0
+        self.segments = 1
         self.before_epoch = None
         self.after_valid = None
         train_epoch, valid_epoch = trainer._train_epoch, trainer._valid_epoch

@@ -95,11 +95,23 @@ def save_resume_state(path, trainer, recorder, loaders, next_epoch: int) -> None
         "best_state": None if best is None else {"state_dict": best["state_dict"]},
         "history": recorder.epochs,
         "train_seconds": recorder.train_seconds,
+        "elapsed_seconds": elapsed_seconds(recorder),
+        "segments": recorder.segments,
         "rng": _rng_state(),
         "loader_generators": [loader.generator.get_state() for loader in loaders],
     }
     plain = to_plain_checkpoint(state)  # read back by torch's weights-only loader
     write_atomic(path, lambda handle: torch.save(plain, handle))
+
+
+def elapsed_seconds(recorder) -> float | None:
+    """Wall seconds of the run so far, earlier segments included (``None`` when a
+    segment's state predates the count)."""
+    import time
+
+    if recorder.earlier_seconds is None:
+        return None
+    return recorder.earlier_seconds + time.perf_counter() - recorder.run_start
 
 
 def load_resume_state(path) -> dict:
@@ -134,6 +146,8 @@ def apply_resume_state(state: dict, trainer, recorder, loaders) -> None:
         _save_best_so_far(trainer, state["best_state"]["state_dict"], state)
     recorder.epochs[:] = state["history"]
     recorder.train_seconds = state["train_seconds"]
+    recorder.earlier_seconds = state.get("elapsed_seconds")
+    recorder.segments = int(state.get("segments", 1)) + 1
     if len(loaders) != len(state["loader_generators"]):
         raise ResumeError("the resume state was written for other data loaders")
     for loader, generator_state in zip(loaders, state["loader_generators"]):
