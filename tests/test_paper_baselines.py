@@ -246,3 +246,47 @@ def test_paper_runs_train(lastfm_like, tmp_path):
     torch.use_deterministic_algorithms(False)
     assert summary["training_loss"] == PAPER_LOSSES["GRU4Rec"]
     assert summary["protocol"]["label"] == "bsarec+train_loss=bpr"
+
+
+def test_both_losses_of_a_baseline_are_two_rows_and_two_gains(lastfm_like, tmp_path):
+    """``SASRec@train_loss=model`` beside ``--paper``'s SASRec: the same model with its own
+    CE loss; the table has a row for each loss and BSARec's gain over each, labelled."""
+    from recbole_freq.jobs.compare import compare
+
+    result = compare(
+        "SASRec,SASRec@train_loss=model,BSARec",
+        "lastfm",
+        seeds="1,2",
+        overrides=dict(
+            data_path=str(lastfm_like),
+            checkpoint_dir=str(tmp_path / "saved"),
+            show_progress=False,
+            state="WARNING",
+            epochs=1,
+            MAX_ITEM_LIST_LENGTH=10,
+        ),
+        out=tmp_path / "cmp",
+        paper=True,
+        log=lambda line: None,
+    )
+    torch.use_deterministic_algorithms(False)
+    losses = [(row["model"], row["loss"]) for row in result["rows"]]
+    assert losses == [
+        ("SASRec", PAPER_LOSSES["SASRec"]),
+        ("SASRec", "CE (model's own)"),
+        ("BSARec", "CE (model's own)"),
+    ]
+    markdown = result["markdown"]
+    assert f"| Improv. BSARec | SASRec, {PAPER_LOSSES['SASRec']} |" in markdown
+    assert "| Improv. BSARec | SASRec, CE (model's own) |" in markdown
+    stored = sorted(path.name for path in (tmp_path / "cmp" / "runs").glob("*.json"))
+    assert "SASRec@train_loss=model-seed1.json" in stored
+    assert "SASRec-seed1.json" in stored
+
+
+@pytest.mark.parametrize("entry", ["SASRec@train_loss=ce", "SASRec@hidden_size=8"])
+def test_an_unknown_loss_variant_is_refused_before_training(lastfm_like, tmp_path, entry):
+    from recbole_freq.jobs.compare import ComparisonError, compare
+
+    with pytest.raises(ComparisonError, match="after '@' name a protocol or one of"):
+        compare(f"BSARec,{entry}", "lastfm", seeds="1", out=tmp_path / "cmp", log=print)

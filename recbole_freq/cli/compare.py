@@ -24,7 +24,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compare models over several seeds on one dataset and protocol. Any "
         "other --key=value is a RecBole config override applied to every run.",
     )
-    parser.add_argument("--compare", required=True, help="models, comma-separated")
+    parser.add_argument(
+        "--compare",
+        required=True,
+        help="models, comma-separated; Model@train_loss=model|bce|bpr adds that model once "
+        "more with another loss (e.g. SASRec,SASRec@train_loss=model,BSARec --paper: "
+        "SASRec with the paper's BCE and with its own CE, BSARec's gain over each)",
+    )
     parser.add_argument("--dataset", "-d", default=DEFAULT_DATASET)
     parser.add_argument(
         "--seeds",

@@ -78,7 +78,7 @@ def _paper_models(
         read_config_file,
     )
 
-    classes = {m: get_model_class(m) for m in models}
+    classes = {m: get_model_class(split_entry(m)[0]) for m in models}
     files = {m: paper_file(classes[m].__name__, dataset) for m in models}
     # A denoiser's backbone beside it is the denoiser's reference: it shares the
     # denoiser's paper settings even where it has a paper file of its own (SASRec's
@@ -126,6 +126,68 @@ def check_protocols(records: dict, entries, seeds, mixed: bool) -> dict:
             "model under several side by side, or pass --mixed_protocols to table them anyway"
         )
     return labels
+
+
+def loss_variant_gains(records, group, baselines, seeds, metrics, correction) -> str:
+    """Where one baseline model is in the table with several losses (``SASRec`` and
+    ``SASRec@train_loss=model``), each proposed model's gain over each of them, labelled
+    with that loss, with the same tests as the Improv. rows (paired t across seeds, paired
+    t and Wilcoxon across users); empty otherwise."""
+    names = [split_entry(entry)[0] for entry in group if entry in baselines]
+    repeated = {name for name in names if names.count(name) > 1}
+    if not repeated:
+        return ""
+    lines = ["| gain | over | " + " | ".join(metrics) + " |", "|" + "---|" * (len(metrics) + 2)]
+    for proposed in (entry for entry in group if entry not in baselines):
+        for baseline in group:
+            if baseline not in baselines or split_entry(baseline)[0] not in repeated:
+                continue
+            rows = summarise(records, [baseline, proposed], seeds, metrics, {baseline})
+            add_per_user_tests(rows, records, seeds, metrics, correction)
+            row, over = rows[1], f"{split_entry(baseline)[0]}, {rows[0]['loss']}"
+            for key, name in (
+                ("improv_pct", f"Improv. {split_entry(proposed)[0]}"),
+                ("p_value", "p (paired t)"),
+                ("p_t_users", f"p (paired t, users, {correction})"),
+                ("p_wilcoxon_users", f"p (Wilcoxon, users, {correction})"),
+            ):
+                cells = [row.get(f"{metric}_{key}") for metric in metrics]
+                shown = [
+                    "n/a" if v is None else (f"{v:+.2f}%" if key == "improv_pct" else f"{v:.3g}")
+                    for v in cells
+                ]
+                lines.append(f"| {name} | {over} | " + " | ".join(shown) + " |")
+    note = (
+        "Gain over each loss of the same baseline (the table's Improv. rows compare with "
+        "the best baseline per metric; the per-user tests here are corrected within each "
+        "pair):"
+    )
+    return "\n" + note + "\n\n" + "\n".join(lines) + "\n"
+
+
+def check_loss_variant(entry: str, protocols) -> None:
+    """``Model@train_loss=<choice>``: the model once more with another loss (e.g. beside
+    ``--paper``'s SASRec with BCE, ``SASRec@train_loss=model`` with its own CE), each row
+    of the table naming its loss; ``ComparisonError`` for another piece, an unknown
+    choice, or with ``--protocols`` (whose entries are ``Model@protocol``)."""
+    from recbole_freq.protocol.pieces import MODEL_PIECES, PIECES
+
+    variant = split_entry(entry)[1]
+    if variant is None or "=" not in variant:
+        return
+    piece, _, value = variant.partition("=")
+    if piece not in MODEL_PIECES or value not in PIECES[piece]:
+        choices = ", ".join(
+            f"{piece}={choice}" for piece in MODEL_PIECES for choice in PIECES[piece]
+        )
+        raise ComparisonError(
+            f"--compare entry {entry!r}: after '@' name a protocol or one of {choices}"
+        )
+    if protocols is not None:
+        raise ComparisonError(
+            f"--compare entry {entry!r}: a loss variant and --protocols do not combine; "
+            "compare the losses under one protocol"
+        )
 
 
 def _parse_list(value, name) -> list[str]:
@@ -211,9 +273,14 @@ def compare(
             "--compare, the dataset with --dataset and seeds with --seeds"
         )
     for model in models:
-        get_model_class(model)  # UnknownModelError names the known models
+        get_model_class(split_entry(model)[0])  # UnknownModelError names the known models
+        check_loss_variant(model, protocols)
     if baselines is None:
-        baselines = [model for model in models if model not in MODELS or model in BASELINES]
+        baselines = [
+            model
+            for model in models
+            if split_entry(model)[0] not in MODELS or split_entry(model)[0] in BASELINES
+        ]
     else:
         baselines = _parse_list(baselines, "--baselines")
         unknown = [model for model in baselines if model not in models]
@@ -308,6 +375,10 @@ def compare(
                 records, group, seeds, metrics, {entry_name(m, protocol) for m in baselines}
             )
             add_per_user_tests(group_rows, records, seeds, metrics, correction)
+            per_loss = loss_variant_gains(
+                records, group, {entry_name(m, protocol) for m in baselines}, seeds, metrics,
+                correction,
+            )  # fmt: skip
             for row in group_rows:
                 plot_rows.append(dict(row))  # named by entry: a model under each protocol
                 row["protocol"] = labels[row["model"]]
@@ -318,6 +389,7 @@ def compare(
             figures = published_figures(dataset, labels.values())
             sections.append(
                 markdown_table(group_rows, metrics, dataset, seeds, note, correction)
+                + per_loss
                 + published_section(group_rows, metrics, figures, seeds)
             )
         if protocols:

@@ -105,6 +105,22 @@ def split_entry(entry: str) -> tuple[str, str | None]:
     return model, protocol or None
 
 
+def entry_overrides(entry: str) -> dict:
+    """What an entry adds to the comparison's settings: ``Model@protocol`` its protocol,
+    ``Model@train_loss=model`` a model piece (the same model trained with another loss,
+    beside the first in one table)."""
+    _, variant = split_entry(entry)
+    if variant is None:
+        return {}
+    piece, sep, value = variant.partition("=")
+    return {piece: value} if sep else {"protocol": variant}
+
+
+def entry_models(entries) -> tuple[str, ...]:
+    """The model names of ``entries``, each once (what a setting may be shared with)."""
+    return tuple(dict.fromkeys(split_entry(entry)[0] for entry in entries))
+
+
 def run_protocol_label(record: dict) -> str:
     """The protocol a stored run was made under (runs stored before protocols were
     recorded say so)."""
@@ -271,9 +287,9 @@ def _train_one(
     ``references``: model -> the paper settings it shares as a denoiser's backbone."""
     from recbole_freq.quick_start.quick_start import run
 
-    model, protocol = split_entry(model)
-    if protocol is not None:
-        overrides = {**overrides, "protocol": protocol}
+    entry = model
+    model = split_entry(entry)[0]
+    overrides = {**overrides, **entry_overrides(entry)}
     if workdir and os.path.isdir(workdir):
         # Ray workers of a remote cluster may start elsewhere; relative paths
         # (data_path, checkpoint_dir, log/) are meant relative to the driver's folder.
@@ -282,9 +298,9 @@ def _train_one(
         model,
         dataset,
         config_files,
-        cmd_overrides={**(references or {}).get(model, {}), **overrides, "seed": seed},
-        paper=model in paper_models,
-        shared_with=models,
+        cmd_overrides={**(references or {}).get(entry, {}), **overrides, "seed": seed},
+        paper=entry in paper_models,
+        shared_with=entry_models(models),
         resume_file=resume_file,
     )
 
@@ -312,17 +328,18 @@ def validate(
         chosen = {} if protocol is None else {"protocol": protocol}
         for model in models:
             config = FreqConfig(
-                model,
+                split_entry(model)[0],
                 dataset,
                 config_files,
                 cmd_overrides={
                     **(references or {}).get(model, {}),
                     **overrides,
+                    **entry_overrides(model),
                     **chosen,
                     "seed": seeds[0],
                 },
                 paper=model in paper_models,
-                shared_with=models,
+                shared_with=entry_models(models),
             )
             check_prepared(config)
             first.setdefault(protocol, config)
