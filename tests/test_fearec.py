@@ -120,3 +120,49 @@ def test_a_protocol_loss_that_would_drop_fearec_s_terms_is_refused(small_config)
     overrides = dict(small_config, epochs=1, train_loss="bce", **LONG)
     with pytest.raises(ProtocolError, match="leaves out FEARec's contrastive term .*frequency-"):
         run("FEARec", "tiny", cmd_overrides=overrides, saved=False)
+
+
+@pytest.mark.parametrize(
+    "settings, refused",
+    [
+        (
+            {"enable_amp": True, "device": "cuda", "amp_dtype": None, "MAX_ITEM_LIST_LENGTH": 50},
+            True,
+        ),
+        (
+            {
+                "enable_amp": True,
+                "device": "cuda:0",
+                "amp_dtype": "float16",
+                "MAX_ITEM_LIST_LENGTH": 50,
+            },
+            True,
+        ),
+        (
+            {"enable_amp": True, "device": "cuda", "amp_dtype": None, "MAX_ITEM_LIST_LENGTH": 64},
+            False,
+        ),
+        (
+            {"enable_amp": False, "device": "cuda", "amp_dtype": None, "MAX_ITEM_LIST_LENGTH": 50},
+            False,
+        ),
+        (
+            {"enable_amp": True, "device": "cpu", "amp_dtype": None, "MAX_ITEM_LIST_LENGTH": 50},
+            False,
+        ),
+    ],
+)
+def test_fearec_in_float16_on_cuda_needs_a_power_of_two_length(settings, refused):
+    """cuFFT computes float16 transforms only for power-of-two sizes: on an H200 FEARec
+    under AMP with L = 50 stopped in its first epoch (benchmarks/results/gpu-suite/); it
+    is one line before any data is loaded."""
+    from recbole_freq.quick_start.preflight import ModelBuildError, check_fearec_delays
+
+    config = {"topk_factor": 10, **settings}
+    if refused:
+        with pytest.raises(
+            ModelBuildError, match="use MAX_ITEM_LIST_LENGTH=64 or enable_amp=False"
+        ):
+            check_fearec_delays(config)
+    else:
+        check_fearec_delays(config)

@@ -14,12 +14,15 @@ default under ``--paper``) makes a run repeatable bit for bit:
   deterministic variants; an operation without one warns instead of stopping the run;
 - ``CUBLAS_WORKSPACE_CONFIG`` is set (CUDA needs it for deterministic cuBLAS); cuDNN's
   deterministic kernels are RecBole's ``reproducibility: True`` (its default);
-- ``MKL_CBWR=COMPATIBLE`` (Intel MKL's conditional numerical reproducibility), when the
+- ``MKL_CBWR=AVX2`` (Intel MKL's conditional numerical reproducibility), when the
   process's first run sets it before any matrix product: MKL otherwise picks its
   kernels by the processor's instruction set, so that two machines with different
-  processors add a batched matrix product in another order (measured: RecBole's SASRec
-  one epoch on lastfm, loss 12.500072002 with MKL's own choice, 12.500071883 with
-  ``COMPATIBLE``, each bit-identical over three fresh processes).
+  processors add a batched matrix product in another order (measured: RecBole's SASRec,
+  one epoch on lastfm under ``sasrec``, loss 12.500072002 with MKL's own choice on this
+  project's AVX-512 machine and 12.500071883 with ``COMPATIBLE``, each bit-identical over
+  three fresh processes).  ``AVX2`` is the branch every x86 processor of the last decade
+  runs; ``COMPATIBLE`` (any x86) made these matrix products 4x slower here.  A user's
+  own ``MKL_CBWR`` is kept.
 
 What no setting inside a run can fix: torch's own vectorised CPU kernels are chosen by
 the processor as well (``cpu_capability`` in the record, e.g. AVX512 or AVX2), and
@@ -40,7 +43,7 @@ _DEFAULT_THREADS: int | None = None
 # reproducibility" section); it must be in the environment before cuBLAS starts.
 CUBLAS_WORKSPACE = ":4096:8"
 # MKL reads MKL_CBWR at its first call, so only the first run of a process can set it.
-MKL_REPRODUCIBLE = "COMPATIBLE"
+MKL_REPRODUCIBLE = "AVX2"
 
 
 class ThreadSettingError(ValueError):
