@@ -355,9 +355,14 @@ def test_paper_settings_per_model_and_the_protocol_they_name(small_config, tmp_p
         for model in ("BSARec", "SASRec")
     }
     assert (runs["BSARec"]["config"]["alpha"], runs["BSARec"]["config"]["n_heads"]) == (0.9, 1)
-    assert runs["SASRec"]["config"]["n_heads"] == 2  # RecBole's SASRec default
-    assert {run["protocol"]["label"] for run in runs.values()} == {"bsarec"}
-    assert "Protocol bsarec" in result["markdown"]
+    # SASRec has BSARec Table 2's settings too: the authors' BCE, 2 heads.
+    assert runs["SASRec"]["config"]["n_heads"] == 2
+    assert runs["BSARec"]["protocol"]["label"] == "bsarec"
+    assert runs["SASRec"]["protocol"]["label"] == "bsarec+train_loss=bce"
+    assert (
+        "Protocol bsarec (docs/protocols.md), each model with its own training loss"
+        in (result["markdown"])
+    )
     with pytest.raises(ComparisonError, match="none of SASRec has paper settings"):
         compare("SASRec", "tiny", seeds="5", overrides=overrides, out=tmp_path / "q", paper=True)
 
@@ -387,8 +392,9 @@ def test_paper_files_of_different_protocols_run_mixed_only_when_asked(small_conf
 
 def test_paper_gives_a_denoisers_backbone_the_same_settings(small_config, tmp_path):
     """With ``--paper``, SASRec beside RecDenoiser gets every setting of RecDenoiser's paper
-    file but the denoiser's own, so the pair differs only in the denoiser; a model that is
-    no denoiser's backbone keeps its defaults."""
+    file but the denoiser's own (not its own BSARec Table 2 file), so the pair differs only
+    in the denoiser; a model that is no denoiser's backbone and has no paper file keeps its
+    defaults, and one whose paper file names another protocol is refused."""
     from conftest import write_sequences
     from dataset_prep import convert_one_line
 
@@ -400,22 +406,25 @@ def test_paper_gives_a_denoisers_backbone_the_same_settings(small_config, tmp_pa
     for key in ("hidden_size", "inner_size", "MAX_ITEM_LIST_LENGTH", "train_batch_size"):
         overrides.pop(key)  # an override would win over the paper file
     out = tmp_path / "p"
+    with pytest.raises(ComparisonError, match=r"different protocols \(bsarec, sasrec\)"):
+        compare("RecDenoiser,SASRec,GRU4Rec", "lastfm", seeds="5", overrides=overrides, out=out,
+                paper=True)  # fmt: skip
     result = compare(
-        "RecDenoiser,SASRec,GRU4Rec", "lastfm", seeds="5", overrides=overrides, out=out,
+        "RecDenoiser,SASRec,SSEPT", "lastfm", seeds="5", overrides=overrides, out=out,
         paper=True,
     )  # fmt: skip
     configs = {
         model: json.loads((out / "runs" / f"{model}-seed5.json").read_text())["summary"]["config"]
-        for model in ("RecDenoiser", "SASRec", "GRU4Rec")
+        for model in ("RecDenoiser", "SASRec", "SSEPT")
     }
     shared = ("hidden_size", "inner_size", "hidden_act", "hidden_dropout_prob",
               "MAX_ITEM_LIST_LENGTH", "train_batch_size", "layer_norm_eps")  # fmt: skip
     assert [configs["SASRec"][k] for k in shared] == [configs["RecDenoiser"][k] for k in shared]
     assert (configs["SASRec"]["hidden_size"], configs["SASRec"]["hidden_act"]) == (50, "relu")
     assert configs["SASRec"].get("sparsity_beta") is None  # not the denoiser's settings
-    assert configs["GRU4Rec"]["hidden_size"] == 128  # RecBole's GRU4Rec default
+    assert configs["SSEPT"]["hidden_size"] == 100  # its own default
     assert "Protocol sasrec" in result["markdown"]
-    settings = json.loads((out / "runs" / "GRU4Rec-seed5.json").read_text())["settings"]
+    settings = json.loads((out / "runs" / "SSEPT-seed5.json").read_text())["settings"]
     assert set(settings["paper_references"]) == {"SASRec"}
 
 
