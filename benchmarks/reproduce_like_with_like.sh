@@ -12,6 +12,9 @@
 # With SECONDS, every process is stopped after that long; a run stopped mid-way keeps
 # its completed epochs in <folder>/partial/ and continues from there next time.
 # Every folder shares one checkpoint_dir (OUT_DIR/saved).
+# On a lent GPU machine, put OUT_DIR outside the repository (e.g. /tmp/like): each call
+# lays the working tree anew and removes what it does not know, resume states included;
+# a folder outside it stays while the machine is held.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 data=${1:?usage: reproduce_like_with_like.sh DATA_PATH OUT_DIR [SECONDS]}
