@@ -46,24 +46,34 @@ def lastfm_like(tmp_path_factory):
     return root
 
 
+@pytest.fixture(autouse=True)
+def _deterministic_algorithms_off_afterwards():
+    # --paper turns torch's deterministic algorithms on for the process; other tests
+    # expect torch's default.
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+def small_overrides(root, tmp_path, **extra) -> dict:
+    """One epoch on the small lastfm-named data, files under ``tmp_path``."""
+    return dict(
+        data_path=str(root),
+        checkpoint_dir=str(tmp_path / "saved"),
+        show_progress=False,
+        state="WARNING",
+        epochs=1,
+        MAX_ITEM_LIST_LENGTH=10,
+        **extra,
+    )
+
+
 def paper_run(model, root, tmp_path, **overrides):
     config = FreqConfig(
-        model,
-        "lastfm",
-        cmd_overrides=dict(
-            data_path=str(root),
-            checkpoint_dir=str(tmp_path / "saved"),
-            show_progress=False,
-            state="WARNING",
-            MAX_ITEM_LIST_LENGTH=10,
-            **overrides,
-        ),
-        paper=True,
+        model, "lastfm", cmd_overrides=small_overrides(root, tmp_path, **overrides), paper=True
     )
     _, (train, _, _) = load_splits(config)
     model = new_model(config, train)
     trainer = protocol_trainer(config, model)
-    torch.use_deterministic_algorithms(False)
     return config, model, trainer, next(iter(train))
 
 
@@ -195,19 +205,11 @@ def test_a_comparison_table_names_every_rows_loss(lastfm_like, tmp_path):
         "SASRec,BSARec",
         "lastfm",
         seeds="1",
-        overrides=dict(
-            data_path=str(lastfm_like),
-            checkpoint_dir=str(tmp_path / "saved"),
-            show_progress=False,
-            state="WARNING",
-            epochs=1,
-            MAX_ITEM_LIST_LENGTH=10,
-        ),
+        overrides=small_overrides(lastfm_like, tmp_path),
         out=tmp_path / "cmp",
         paper=True,
         log=lambda line: None,
     )
-    torch.use_deterministic_algorithms(False)
     losses = {row["model"]: row["loss"] for row in result["rows"]}
     assert losses == {"SASRec": PAPER_LOSSES["SASRec"], "BSARec": "CE (model's own)"}
     assert "| Model | loss |" in result["markdown"]
@@ -233,17 +235,9 @@ def test_paper_runs_train(lastfm_like, tmp_path):
     summary = run(
         "GRU4Rec",
         "lastfm",
-        cmd_overrides=dict(
-            data_path=str(lastfm_like),
-            checkpoint_dir=str(tmp_path / "saved"),
-            show_progress=False,
-            state="WARNING",
-            epochs=1,
-            MAX_ITEM_LIST_LENGTH=10,
-        ),
+        cmd_overrides=small_overrides(lastfm_like, tmp_path),
         paper=True,
     )
-    torch.use_deterministic_algorithms(False)
     assert summary["training_loss"] == PAPER_LOSSES["GRU4Rec"]
     assert summary["protocol"]["label"] == "bsarec+train_loss=bpr"
 
@@ -257,19 +251,11 @@ def test_both_losses_of_a_baseline_are_two_rows_and_two_gains(lastfm_like, tmp_p
         "SASRec,SASRec@train_loss=model,BSARec",
         "lastfm",
         seeds="1,2",
-        overrides=dict(
-            data_path=str(lastfm_like),
-            checkpoint_dir=str(tmp_path / "saved"),
-            show_progress=False,
-            state="WARNING",
-            epochs=1,
-            MAX_ITEM_LIST_LENGTH=10,
-        ),
+        overrides=small_overrides(lastfm_like, tmp_path),
         out=tmp_path / "cmp",
         paper=True,
         log=lambda line: None,
     )
-    torch.use_deterministic_algorithms(False)
     losses = [(row["model"], row["loss"]) for row in result["rows"]]
     assert losses == [
         ("SASRec", PAPER_LOSSES["SASRec"]),

@@ -6,12 +6,15 @@ would be silently lost."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from recbole_freq.protocol.pieces import (
     ALL_POSITIONS,
     ProtocolError,
+    fearec_terms,
     loss_base_label,
     protocol_settings,
 )
@@ -113,12 +116,7 @@ def auxiliary_terms(model, config) -> list[str]:
     if callable(hook):
         return list(hook())
     if isinstance(model, _recbole_class("FEARec")):
-        terms = []
-        if config["contrast"] not in (None, "None"):
-            terms.append(f"contrastive term (contrast={config['contrast']})")
-        if config["fredom"]:
-            terms.append("frequency-domain term (fredom=True)")
-        return terms
+        return fearec_terms(config["contrast"], config["fredom"])
     return []
 
 
@@ -252,6 +250,7 @@ def position_loss(output, targets, negatives, item_weight, kind: str = "bce") ->
     return pair_loss(positive, negative, kind).mean()
 
 
+@functools.cache
 def _recbole_class(name: str) -> type:
     """RecBole's sequential model class ``name`` (``Caser``, ``FEARec``)."""
     import importlib
@@ -272,13 +271,18 @@ def last_position_output(model, interaction) -> torch.Tensor:
     )
 
 
+def has_regularisation(model) -> bool:
+    """Whether the model adds a weight penalty to its loss (``regularisation``)."""
+    return isinstance(model, _recbole_class("Caser"))
+
+
 def regularisation(model):
     """What the model adds to its recommendation loss as a penalty on its weights, so that
     a sampled loss computed here keeps it: Caser's L2 terms (RecBole's
     ``Caser.calculate_loss``; the BSARec authors' ``caser.py``: ``reg_weight`` times the
     norms of the user and item embeddings, the vertical filter and both fully connected
     layers, plus ``reg_loss_conv_h``); 0 for models without one."""
-    if isinstance(model, _recbole_class("Caser")):
+    if has_regularisation(model):
         weights = [
             model.user_embedding.weight,
             model.item_embedding.weight,
@@ -299,6 +303,6 @@ def training_loss_label(model, config) -> str:
     loss_type = config["loss_type"] if "loss_type" in config else None
     base = loss_base_label(settings["train_loss"], settings["train_rows"], loss_type)
     terms = auxiliary_terms(model, config)
-    if isinstance(regularisation(model), torch.Tensor):
+    if has_regularisation(model):
         terms.append("L2 terms")
     return " + ".join([base, *terms])

@@ -103,6 +103,17 @@ def loss_base_label(train_loss: str, train_rows: str, loss_type) -> str:
     return f"{loss_type or 'own loss'} (model's own)"
 
 
+def fearec_terms(contrast, fredom) -> list[str]:
+    """The terms FEARec's settings add to its loss, as tables name them (a run's own
+    ``contrast`` and ``fredom``)."""
+    terms = []
+    if contrast not in (None, "None"):
+        terms.append(f"contrastive term (contrast={contrast})")
+    if fredom:
+        terms.append("frequency-domain term (fredom=True)")
+    return terms
+
+
 def _test_mode(config) -> str:
     mode = config["eval_args"]["mode"]
     return str(mode.get("test", mode) if isinstance(mode, dict) else mode)

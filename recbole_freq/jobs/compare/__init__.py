@@ -276,11 +276,8 @@ def compare(
         get_model_class(split_entry(model)[0])  # UnknownModelError names the known models
         check_loss_variant(model, protocols)
     if baselines is None:
-        baselines = [
-            model
-            for model in models
-            if split_entry(model)[0] not in MODELS or split_entry(model)[0] in BASELINES
-        ]
+        names = {model: split_entry(model)[0] for model in models}
+        baselines = [m for m in models if names[m] not in MODELS or names[m] in BASELINES]
     else:
         baselines = _parse_list(baselines, "--baselines")
         unknown = [model for model in baselines if model not in models]

@@ -22,7 +22,7 @@ from recbole_freq.jobs.compare.statistics import (
     smaller_is_better,
 )
 from recbole_freq.protocol import comparable_label, protocol_label
-from recbole_freq.protocol.pieces import loss_base_label
+from recbole_freq.protocol.pieces import fearec_terms, loss_base_label
 from recbole_freq.quick_start.preflight import extra_test_modes
 from recbole_freq.utils.files import write_atomic
 
@@ -94,11 +94,7 @@ def recorded_loss(summary: dict) -> str:
     base = loss_base_label(
         protocol["train_loss"], protocol.get("train_rows"), config.get("loss_type")
     )
-    terms = []
-    if config.get("contrast") not in (None, "None"):
-        terms.append(f"contrastive term (contrast={config['contrast']})")
-    if config.get("fredom"):
-        terms.append("frequency-domain term (fredom=True)")
+    terms = fearec_terms(config.get("contrast"), config.get("fredom"))
     if summary.get("model") == "Caser":
         terms.append("L2 terms")
     return " + ".join([base, *terms])
