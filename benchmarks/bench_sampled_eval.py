@@ -1,5 +1,5 @@
 """Sampled evaluation (``uni100``, the SASRec / Rec-Denoiser protocol): scoring cost with
-and without ``evaluation.SampledScorer`` (one full-sort pass per distinct sequence).
+and without ``protocol.sampled_scoring.SampledScorer`` (one full-sort pass per distinct sequence).
 
 RecBole's sampled test loader puts every candidate item (the target and 100 negatives) in
 its own row, each with a copy of the user's sequence; ``predict`` used to run the encoder

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import write_results  # noqa: E402
 
 from recbole_freq.config.configurator import FreqConfig  # noqa: E402
-from recbole_freq.protocol import PIECES, ProtocolError, protocol_trainer  # noqa: E402
+from recbole_freq.protocol import PIECES, ProtocolError, trainer_for  # noqa: E402
 from recbole_freq.quick_start.quick_start import load_splits, new_model  # noqa: E402
 
 
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
             },
         )
         _, (train, _, _) = load_splits(config)
-        trainer = protocol_trainer(config, new_model(config, train))
+        trainer = trainer_for(config, new_model(config, train))
         runs[choice] = {"trainer": trainer, "train": train, "rows": len(train._dataset), "s": []}
     refused = {}
     for round_index in range(args.rounds):

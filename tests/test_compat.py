@@ -165,12 +165,12 @@ def test_a_run_leaves_its_tensorboard_scalars_on_disk_and_no_writer_open(small_c
 def test_an_evaluation_opens_no_tensorboard_writer(small_config, tmp_path):
     import copy
 
-    from recbole_freq.protocol import protocol_trainer
+    from recbole_freq.protocol import trainer_for
     from recbole_freq.quick_start.quick_start import new_model
 
     before = open_writers()
     config, train, _, test = prepare("SASRec", small_config)
-    trainer = protocol_trainer(config, new_model(config, train))
+    trainer = trainer_for(config, new_model(config, train))
     assert "ndcg@10" in trainer.evaluate(test, load_best_model=False, show_progress=False)
     copy.deepcopy(trainer.tensorboard)
     assert not (tmp_path / "log_tensorboard").exists()

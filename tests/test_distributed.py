@@ -74,7 +74,7 @@ def test_recboles_trainer_wraps_a_cpu_model_for_data_parallel(small_config):
     """Compat fix 15: RecBole's trainer passes device_ids=[local_rank], which torch
     refuses for a CPU module."""
     from recbole_freq.config.configurator import FreqConfig
-    from recbole_freq.protocol import protocol_trainer
+    from recbole_freq.protocol import trainer_for
     from recbole_freq.quick_start.quick_start import load_splits, new_model
 
     try:
@@ -82,7 +82,7 @@ def test_recboles_trainer_wraps_a_cpu_model_for_data_parallel(small_config):
             "SASRec", "tiny", config_dict=one_process_group(), cmd_overrides=small_config
         )
         _, (train, _, _) = load_splits(config)
-        trainer = protocol_trainer(config, new_model(config, train))
+        trainer = trainer_for(config, new_model(config, train))
         wrapped = trainer.distributed_model
         assert isinstance(wrapped, torch.nn.parallel.DistributedDataParallel)
         assert wrapped.device_ids is None and wrapped.module is trainer.model
@@ -206,14 +206,14 @@ def _contrastive_gradient_worker(rank, port, model_name, overrides, queue):
     import torch.distributed as dist
 
     from recbole_freq.config.configurator import FreqConfig
-    from recbole_freq.protocol import protocol_trainer
+    from recbole_freq.protocol import trainer_for
     from recbole_freq.quick_start.quick_start import load_splits, new_model
 
     group = dict(local_rank=rank, world_size=2, nproc=2, ip="127.0.0.1", port=port, offset=0)
     try:
         config = FreqConfig(model_name, "tiny", config_dict=group, cmd_overrides=overrides)
         _, (train, _, _) = load_splits(config)
-        trainer = protocol_trainer(config, new_model(config, train))
+        trainer = trainer_for(config, new_model(config, train))
         # DDP gave every rank rank 0's weights; a plain copy for the one-process side.
         reference = new_model(config, train)
         reference.load_state_dict(trainer.model.state_dict())

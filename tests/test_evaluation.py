@@ -10,8 +10,8 @@ from recbole.utils import init_seed
 from conftest import first_batch, without_transformer_settings
 from recbole_freq.config.configurator import FreqConfig, get_model_class, properties_dir
 from recbole_freq.model import BERT4RecDenoiser, RecDenoiser
-from recbole_freq.protocol.sampled_scoring import SampledScorer, use_full_sort_for_sampled_scoring
-from recbole_freq.quick_start import quick_start
+from recbole_freq.protocol import trainer as trainer_module
+from recbole_freq.protocol.sampled_scoring import SampledScorer
 from recbole_freq.quick_start.quick_start import run
 
 UNI100 = str(properties_dir() / "protocol" / "uni100.yaml")
@@ -33,17 +33,16 @@ def test_sampled_scores_equal_the_models_own_predict(small_config, name):
     model, batch = uni100_model(name, small_config)
     with torch.no_grad():
         own = model.predict(batch)
-        use_full_sort_for_sampled_scoring(model)
-        assert isinstance(model.predict, SampledScorer)
+        scorer = SampledScorer(model)
         calls = []
         original = model.full_sort_predict
         model.full_sort_predict = lambda interaction: (
             calls.append(len(interaction)) or original(interaction)
         )
-        scores = model.predict(batch)
+        scores = scorer(batch)
     distinct = torch.unique(batch["item_id_list"], dim=0).size(0)
     assert calls == [distinct] and distinct * 50 < len(batch)  # once per user, 101 rows each
-    assert model.predict.consistent and model.predict.verified
+    assert scorer.consistent and scorer.verified
     torch.testing.assert_close(scores, own, rtol=1e-5, atol=1e-5)
 
 
@@ -52,10 +51,10 @@ def test_a_predict_that_is_not_the_full_sort_score_falls_back_with_a_warning(sma
     with torch.no_grad():
         own = model.predict(batch)
         model.predict = lambda interaction, own=model.predict: own(interaction) + 1.0
-        use_full_sort_for_sampled_scoring(model)
+        scorer = SampledScorer(model)
         with caplog.at_level(logging.WARNING):
-            scores = model.predict(batch)
-    assert not model.predict.consistent
+            scores = scorer(batch)
+    assert not scorer.consistent
     assert "differs from its full-sort scores" in caplog.text
     torch.testing.assert_close(scores, own + 1.0)
 
@@ -64,7 +63,7 @@ def test_uni100_run_of_a_recbole_baseline_matches_its_own_predict(small_config, 
     """End to end: the same training, tested with and without the full-sort scorer."""
     overrides = dict(small_config, epochs=1)
     fast = run("SASRec", "tiny", config_files=[UNI100], cmd_overrides=overrides, saved=False)
-    monkeypatch.setattr(quick_start, "use_full_sort_for_sampled_scoring", lambda model: model)
+    monkeypatch.setattr(trainer_module, "SampledScorer", lambda model: None)
     slow = run("SASRec", "tiny", config_files=[UNI100], cmd_overrides=overrides, saved=False)
     for metric, value in slow["test_result"].items():
         assert fast["test_result"][metric] == pytest.approx(value, abs=1e-4), metric

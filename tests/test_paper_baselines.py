@@ -13,9 +13,9 @@ import torch
 from conftest import write_sequences
 from dataset_prep import convert_one_line
 from recbole_freq.config.configurator import FreqConfig
-from recbole_freq.protocol import protocol_label, row_negatives
+from recbole_freq.protocol import protocol_label, row_negatives, trainer_for
 from recbole_freq.protocol.losses import training_loss_label
-from recbole_freq.quick_start.quick_start import load_splits, new_model, protocol_trainer, run
+from recbole_freq.quick_start.quick_start import load_splits, new_model, run
 
 BSAREC_DATASETS = [
     "amazon-beauty",
@@ -73,7 +73,7 @@ def paper_run(model, root, tmp_path, **overrides):
     )
     _, (train, _, _) = load_splits(config)
     model = new_model(config, train)
-    trainer = protocol_trainer(config, model)
+    trainer = trainer_for(config, model)
     return config, model, trainer, next(iter(train))
 
 
@@ -137,7 +137,7 @@ def test_gru4rec_paper_loss_is_the_authors_bpr(lastfm_like, tmp_path):
     model.eval()
     with torch.no_grad():
         torch.manual_seed(0)
-        ours = trainer.last_position_loss(batch)
+        ours = trainer.sampled_loss.last_position(batch)
 
         def forward(row):
             length = batch["item_length"][row : row + 1]
@@ -155,7 +155,7 @@ def test_caser_paper_loss_is_the_authors_bce_with_its_l2_terms(lastfm_like, tmp_
     model.eval()
     with torch.no_grad():
         torch.manual_seed(0)
-        ours = trainer.last_position_loss(batch)
+        ours = trainer.sampled_loss.last_position(batch)
 
         def forward(row):
             user = batch["user_id"][row : row + 1]
@@ -188,7 +188,7 @@ def test_sasrec_paper_loss_is_the_authors_bce(lastfm_like, tmp_path):
     model.eval()
     with torch.no_grad():
         torch.manual_seed(0)
-        ours = trainer.last_position_loss(batch)
+        ours = trainer.sampled_loss.last_position(batch)
 
         def forward(row):
             length = batch["item_length"][row : row + 1]

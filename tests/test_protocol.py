@@ -22,8 +22,8 @@ from recbole_freq.protocol import (
     protocol_label,
     protocol_names,
     protocol_settings,
-    protocol_trainer,
     row_negatives,
+    trainer_for,
 )
 from recbole_freq.quick_start.quick_start import load_splits, new_model, run
 
@@ -181,7 +181,7 @@ def test_history_masked_ranking_matches_the_authors_algorithm(repeat_data, tmp_p
     )
     _, (train, valid, test) = load_splits(config)
     model = new_model(config, train)
-    trainer = protocol_trainer(config, model)
+    trainer = trainer_for(config, model)
     ours = trainer.evaluate(test, load_best_model=False)
     scores, answers, histories = history_oracle_inputs(model, test, sequences)
     assert any(a in h for a, h in zip(answers, histories))  # repeated targets exist
@@ -212,7 +212,7 @@ def test_validation_masks_the_history_before_its_own_target(repeat_data, tmp_pat
     )
     _, (train, valid, _) = load_splits(config)
     model = new_model(config, train)
-    ours = protocol_trainer(config, model).evaluate(valid, load_best_model=False)
+    ours = trainer_for(config, model).evaluate(valid, load_best_model=False)
     scores, answers, histories = history_oracle_inputs(model, valid, sequences, phase_cut=2)
     oracle = authors_ranking_metrics(
         scores, answers, histories, (5, 10, 20), padding=False, fill=-np.inf
@@ -457,12 +457,12 @@ def test_all_positions_loss_is_the_per_position_bce(repeat_data, tmp_path):
     )
     _, (train, _, _) = load_splits(config)
     model = new_model(config, train)
-    trainer = protocol_trainer(config, model)
-    trainer._train_items = train._dataset
+    trainer = trainer_for(config, model)
+    trainer.sampled_loss.training_dataset = train._dataset
     model.eval()  # no dropout, so both computations see the same function
     batch = next(iter(train))
     torch.manual_seed(0)
-    ours = trainer.all_positions_loss(batch)
+    ours = trainer.sampled_loss.all_positions(batch)
     torch.manual_seed(0)
     negatives = position_negatives(train._dataset, batch, batch[POSITION_TARGETS], model)
     weight = model.item_embedding.weight
@@ -527,11 +527,11 @@ def test_last_position_bce_is_fmlp_recs_loss(repeat_data, tmp_path):
     assert protocol_label(config) == "fmlprec"
     _, (train, _, _) = load_splits(config)
     model = new_model(config, train)
-    trainer = protocol_trainer(config, model)
+    trainer = trainer_for(config, model)
     model.eval()
     batch = next(iter(train))
     torch.manual_seed(0)
-    ours = trainer.last_position_loss(batch)
+    ours = trainer.sampled_loss.last_position(batch)
     torch.manual_seed(0)
     negatives = row_negatives(batch["item_id_list"], batch["item_id"], model.n_items)
     weight = model.item_embedding.weight
@@ -549,8 +549,8 @@ def test_last_position_bce_is_fmlp_recs_loss(repeat_data, tmp_path):
     assert float(ours.detach()) == pytest.approx(float(torch.stack(losses).mean()), rel=1e-5)
     # and it is the loss a training epoch minimises, once per batch
     calls = []
-    loss = trainer.last_position_loss
-    trainer.last_position_loss = lambda interaction: calls.append(1) or loss(interaction)
+    loss = trainer.sampled_loss.last_position
+    trainer.sampled_loss.last_position = lambda interaction: calls.append(1) or loss(interaction)
     model.train()
     trainer._train_epoch(train, 0)
     assert len(calls) == len(train)

@@ -24,7 +24,7 @@ from recbole_freq.model.denoising import (
 from recbole_freq.model.encoder import build_encoder
 from recbole_freq.model.layers import attention_probabilities, build_attention_mask
 from recbole_freq.model.objectives import DenoisingObjective, DenoisingPass, jacobian_norm_estimate
-from recbole_freq.protocol import protocol_trainer
+from recbole_freq.protocol import trainer_for
 from recbole_freq.quick_start.quick_start import run
 
 NO_REGULARISERS = {"sparsity_beta": 0.0, "jacobian_gamma": 0.0}
@@ -709,7 +709,7 @@ def largest_mask_step(small_config, **extra) -> tuple[float, float]:
     config, train, valid, _ = prepare("RecDenoiser", dict(overrides, **extra))
     model = RecDenoiser(config, train._dataset)
     before = [operator.phi.detach().clone() for operator in operators(model)]
-    trainer = protocol_trainer(config, model)
+    trainer = trainer_for(config, model)
     trainer._train_epoch(train, 0)
     moved = max(
         (operator.phi.detach() - start).abs().max().item()
@@ -730,7 +730,7 @@ def test_mask_learning_rate_lets_the_masks_move_faster_than_the_backbone(small_c
 
     config, train, _, _ = prepare("RecDenoiser", dict(small_config, mask_learning_rate=0.1))
     model = RecDenoiser(config, train._dataset)
-    groups = protocol_trainer(config, model).optimizer.param_groups
+    groups = trainer_for(config, model).optimizer.param_groups
     assert [group["lr"] for group in groups] == [config["learning_rate"], 0.1]
     phis = {id(operator.phi) for operator in operators(model)}
     assert {id(p) for p in groups[1]["params"]} == phis

@@ -17,8 +17,8 @@ def interrupt_at_epoch(monkeypatch, epoch: int):
     original = resume_module.save_resume_state
     calls = []
 
-    def save_then_interrupt(path, trainer, recorder, loaders, next_epoch):
-        original(path, trainer, recorder, loaders, next_epoch)
+    def save_then_interrupt(path, trainer, loaders, next_epoch):
+        original(path, trainer, loaders, next_epoch)
         calls.append(next_epoch)
         if next_epoch == epoch:
             raise KeyboardInterrupt
@@ -119,8 +119,8 @@ def test_ctrl_c_in_a_comparison_keeps_runs_and_resumes_the_unfinished_one(
     args = ["--compare", "SASRec,GRU4Rec", "--dataset=tiny", "--seeds", "5", "--out", str(out)]
     original = resume_module.save_resume_state
 
-    def interrupt_in_second_run(path, trainer, recorder, loaders, next_epoch):
-        original(path, trainer, recorder, loaders, next_epoch)
+    def interrupt_in_second_run(path, trainer, loaders, next_epoch):
+        original(path, trainer, loaders, next_epoch)
         if trainer.config["model"] == "GRU4Rec" and next_epoch == 2:
             raise KeyboardInterrupt
 

@@ -16,7 +16,7 @@ from conftest import (
 )
 from recbole_freq.jobs.compare.runs import stored_label_differences
 from recbole_freq.model import DuoRec
-from recbole_freq.model.layout import SequenceLayoutError, with_sequence_layout
+from recbole_freq.model.layout import SequenceLayoutError, builtin_class
 from recbole_freq.protocol import all_position_output
 from recbole_freq.quick_start.quick_start import run
 
@@ -56,7 +56,7 @@ def test_core_and_recboles_sasrec_agree_under_left(small_config):
     overrides = dict(small_config, contrast=None, sequence_layout="left", **NO_DROPOUT)
     config, train, _, test = prepare("DuoRec", overrides)
     model = DuoRec(config, train._dataset)
-    reference = with_sequence_layout(SASRec, config)(config, train._dataset)
+    reference = builtin_class(SASRec, config)(config, train._dataset)
     assert type(reference).__name__ == "SASRec" and isinstance(reference, SASRec)
     assert_same_as_recbole(model, reference, config, train, test)
 
@@ -87,7 +87,7 @@ def test_each_accepted_builtin_reads_the_authors_rows(small_config, name):
     from recbole_freq.config.configurator import get_model_class
 
     original = get_model_class(name)
-    laid_model = with_sequence_layout(original, config)(config, train._dataset).eval()
+    laid_model = builtin_class(original, config)(config, train._dataset).eval()
     plain = original(config, train._dataset).eval()
     plain.load_state_dict(laid_model.state_dict())
     batch = first_batch(test)
@@ -145,4 +145,6 @@ def test_a_stored_run_of_another_layout_is_named_when_skipped(tmp_path):
 
 def test_gru4rec_built_under_right_is_recboles_own(small_config):
     config, _, _, _ = prepare("GRU4Rec", without_transformer_settings(small_config))
-    assert with_sequence_layout(GRU4Rec, config) is GRU4Rec
+    built = builtin_class(GRU4Rec, config)
+    assert issubclass(built, GRU4Rec) and built.forward is GRU4Rec.forward
+    assert built.__name__ == "GRU4Rec" and built.sequence_layout == "right"

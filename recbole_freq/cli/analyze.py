@@ -71,7 +71,7 @@ def cli(argv: list[str]) -> int:
     try:
         write_figures(results, out, figures)
         report = {
-            "definitions": "see recbole_freq/analysis.py",
+            "definitions": "see recbole_freq/jobs/analyze/measures.py",
             "figures": figures,
             "checkpoints": results,
         }

@@ -59,13 +59,13 @@ def _users_to_read(model, config, splits, tokens, uids, args):
     interaction) is read from that interaction under ``next``; with ``--all_users`` the
     users with nothing to read (no interaction, or under ``test`` no test row) are left
     out and named in one line."""
-    from recbole_freq.jobs.recommend import single_item_histories, users_without_rows
+    from recbole_freq.jobs.recommend import reads_times, single_item_histories, users_without_rows
 
     missing = users_without_rows(splits, uids, args.context)
     histories = {}
     if args.context == "next" and len(missing):
         fields = [model.ITEM_ID]
-        if getattr(model, "TIME_SEQ", None):
+        if reads_times(model):
             fields.append(model.INTERVAL_TIME_FIELD)
         histories = single_item_histories(config, missing, fields)
     unread = missing[~np.isin(missing, list(histories))]

@@ -3,15 +3,16 @@ that evaluate, torch's current AMP names.
 
 2. torch >= 2.6 made ``torch.load(weights_only=True)`` the default, and RecBole's
    checkpoints hold a pickled ``Config``, so ``Trainer.evaluate(load_best_model=True)``
-   fails.  Unpickling it in full is no answer: the file at that path may have been
-   swapped since it was written, and a pickle runs code.  So the trainer never reads its
-   own checkpoint back: when it saves one it keeps a copy of those weights in memory,
-   and ``evaluate(load_best_model=True)`` restores that copy.  Every other ``torch.load``
-   of RecBole's trainer and quick-start modules (``resume_checkpoint``,
-   ``load_data_and_model``, ``evaluate`` of another file) goes through the restricted
-   loader of ``recbole_freq.checkpoint.loader``, whoever wrote the file, and their
-   ``torch.save`` through the plugin's atomic writer (``recbole_freq.utils.files``), so a
-   failed re-save (a full disk) never replaces the previous good checkpoint.
+   fails.  Unpickling it in full is no answer: a pickle runs code.  So every
+   ``torch.load`` of RecBole's trainer and quick-start modules (``resume_checkpoint``,
+   ``load_data_and_model``, ``evaluate(load_best_model=True)``) goes through the
+   restricted loader of ``recbole_freq.checkpoint.loader``, whoever wrote the file, and
+   their ``torch.save`` through the plugin's atomic writer (``recbole_freq.utils.files``)
+   in the plain form that loader reads, so a failed re-save (a full disk) never replaces
+   the previous good checkpoint.  This is global (the modules' ``torch``), so RecBole's
+   own quick-start is safe in a process that imported the plugin.  The plugin's trainer
+   (``protocol.trainer.FreqTrainer``) also keeps the weights it saved last in memory and
+   tests on them, not on the file read back.
    ``recbole.quick_start.load_data_and_model`` imports torch inside the function, so it
    is replaced as a whole (``load_data_and_model`` below: the same six values, through
    the plugin's ``restore_model``); the quick-start module is patched when it is first
@@ -42,7 +43,6 @@ import types
 
 from recbole_freq.compat.import_hooks import when_imported
 from recbole_freq.compat.plugin_parts import part
-from recbole_freq.utils.process_group import writing_rank
 
 
 def _restricted_load(f, map_location=None, **_ignored):
@@ -75,24 +75,6 @@ def _torch_with_safe_files() -> types.ModuleType:
     shim.load = _restricted_load
     shim.save = _atomic_save
     return shim
-
-
-# Trainer attribute holding the weights of the checkpoint it saved last (fix 2).
-_BEST_IN_MEMORY = "_recbole_freq_saved_state"
-
-
-def saved_state(trainer) -> dict | None:
-    """``{"file", "state_dict", "other_parameter"}`` of the checkpoint ``trainer`` saved
-    last (fix 2), or ``None`` if it saved none."""
-    return getattr(trainer, _BEST_IN_MEMORY, None)
-
-
-def _snapshot(model) -> dict:
-
-    return {
-        "state_dict": {name: value.detach().clone() for name, value in model.state_dict().items()},
-        "other_parameter": copy.deepcopy(model.other_parameter()),
-    }
 
 
 def load_data_and_model(model_file):
@@ -132,30 +114,6 @@ def patch_recbole_checkpoint_loading() -> None:
 
 def _patch_trainer_checkpoints(trainer_module) -> None:
     trainer_module.torch = _torch_with_safe_files()
-    Trainer = trainer_module.Trainer
-
-    original_save, original_evaluate = Trainer._save_checkpoint, Trainer.evaluate
-
-    def _save_checkpoint(self, epoch, verbose=True, **kwargs):
-        if not writing_rank(self.config):
-            return  # RecBole's test (local_rank) would let rank 0 of every machine write
-        target = kwargs.get("saved_model_file", self.saved_model_file)
-        original_save(self, epoch, verbose=verbose, **kwargs)
-        setattr(self, _BEST_IN_MEMORY, {"file": str(target), **_snapshot(self.model)})
-
-    def evaluate(self, eval_data, load_best_model=True, model_file=None, show_progress=False):
-        saved = getattr(self, _BEST_IN_MEMORY, None)
-        wanted = str(model_file or self.saved_model_file)
-        if load_best_model and eval_data and saved is not None and saved["file"] == wanted:
-            self.model.load_state_dict(saved["state_dict"])
-            self.model.load_other_parameter(saved["other_parameter"])
-            load_best_model = False
-        return original_evaluate(self, eval_data, load_best_model, model_file, show_progress)
-
-    _save_checkpoint.__wrapped__ = original_save
-    evaluate.__wrapped__ = original_evaluate
-    Trainer._save_checkpoint = _save_checkpoint
-    Trainer.evaluate = evaluate
 
 
 def collector_moves_only_tensors() -> None:

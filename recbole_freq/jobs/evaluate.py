@@ -18,7 +18,7 @@ from recbole_freq.protocol import (
     protocol_defaults,
     protocol_label,
     protocol_names,
-    protocol_trainer,
+    trainer_for,
 )
 
 EVALUATION_PIECES = ("history_mask", "eval_negatives")
@@ -90,7 +90,7 @@ def evaluate_checkpoint(path, variants, data_path=None, device="cpu") -> list[di
             path, data_path=data_path, device=device, adjust=lambda c, ch=changes: _apply(c, ch)
         )
         init_seed(config["seed"], config["reproducibility"])
-        trainer = protocol_trainer(config, model)
+        trainer = trainer_for(config, model)
         test_result = trainer.evaluate(test_data, load_best_model=False, show_progress=False)
         result = {
             "variant": text,

@@ -181,6 +181,14 @@ def _latest_rows(split_datasets, context: str):
     return source, row, chosen
 
 
+def reads_times(model) -> bool:
+    """Whether ``model`` reads the rows' timestamps (a plugin model with TiSASRec's
+    ``time_intervals``), so a recommendation must give it each history's times."""
+    from recbole_freq.model.abstract_recommender import TransformerRecommender
+
+    return isinstance(model, TransformerRecommender) and model.TIME_SEQ is not None
+
+
 def users_without_rows(split_datasets, uids: np.ndarray, context: str) -> np.ndarray:
     """The users of ``uids`` that no split row holds for ``context``: under ``next``
     those with a single interaction (a row needs one item before its target), under
@@ -234,7 +242,7 @@ def user_inputs(model, split_datasets, uids: np.ndarray, context: str, histories
             f"interactions for the split): {', '.join(map(str, tokens))}"
         )
     fields = {model.ITEM_SEQ: model.ITEM_ID}  # list field -> field of the target
-    if getattr(model, "TIME_SEQ", None):
+    if reads_times(model):
         fields[model.TIME_SEQ] = model.INTERVAL_TIME_FIELD
     sequences = {}
     item_seq_len = torch.zeros(len(uids), dtype=torch.long)

@@ -22,6 +22,7 @@ from recbole_freq.model.objectives import (
     DenoisingPass,
     build_objective,
     component_regularisation,
+    pair_losses,
 )
 from recbole_freq.model.temporal import (
     TimeIntervalRelations,
@@ -405,9 +406,7 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
         ``BPRLoss``, or BCE of Rec-Denoiser eq. 4 (``-log s(pos) - log(1 - s(neg))``)."""
         if loss_type == "CE":
             return F.cross_entropy(logits, targets, reduction="none")
-        if loss_type == "BPR":
-            return -torch.log(1e-10 + torch.sigmoid(pos_score - neg_score))
-        return F.softplus(-pos_score) + F.softplus(neg_score)
+        return pair_losses(loss_type, pos_score, neg_score)
 
     def auxiliary_losses(self) -> list[str]:
         """The terms this model adds to its recommendation loss (contrastive terms ...),
@@ -421,7 +420,7 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
         return component_regularisation(self.encoder)
 
     def predict(self, interaction):
-        # Sampled evaluation does not come here row by row: ``evaluation.SampledScorer``
+        # Sampled evaluation does not come here row by row: ``protocol.sampled_scoring``
         # reads these scores off one full-sort pass per distinct sequence.
         seq_output = self.sequence_output(interaction)
         return (seq_output * self.item_scores_weight[interaction[self.ITEM_ID]]).sum(-1)

@@ -1,10 +1,14 @@
-"""``sequence_layout: left`` for RecBole's built-in sequential models.
+"""RecBole's built-in sequential models as the plugin runs them: ``builtin_class``.
+
+Each built-in gets a subclass that adds what the protocols ask of a model and RecBole's
+classes do not say: ``every_position_output`` (the output at every position, for
+SASRec's per-position training), and under ``sequence_layout: left`` the authors' layout.
 
 The plugin's models re-lay rows inside their encoder
 (``TransformerRecommender.encoder_layout``).  RecBole's built-ins cannot be changed
-inside, so they get the authors' layout through their input: a subclass whose
-``forward`` moves each row's items to the end of the row (padding first, the newest item
-at position ``n - 1``) and passes ``item_seq_len = n``, so that the model's own
+inside, so they get the authors' layout through their input: the subclass's ``forward``
+moves each row's items to the end of the row (padding first, the newest item at
+position ``n - 1``) and passes ``item_seq_len = n``, so that the model's own
 ``gather_indexes(output, item_seq_len - 1)`` reads the newest item.  That is only the
 authors' computation for a model whose sole use of ``item_seq_len`` is that read, each
 checked in RecBole 1.2.1's source (``LEFT_LAYOUT_BUILTINS``); every other built-in is
@@ -40,32 +44,67 @@ class SequenceLayoutError(ValueError):
     """``sequence_layout: left`` asked of a model that cannot take it."""
 
 
-def with_sequence_layout(model_class, config):
-    """The class to build for ``config``: ``model_class`` itself, or for a RecBole
-    built-in under ``sequence_layout: left`` its left-laid subclass;
-    ``SequenceLayoutError`` for a built-in that cannot be re-laid from outside."""
-    if sequence_layout(config) == "right" or issubclass(model_class, TransformerRecommender):
+class BuiltinSequential:
+    """What the plugin adds to a RecBole built-in sequential model (mixed in front of its
+    class by ``builtin_class``)."""
+
+    sequence_layout = "right"
+    _every_position = False
+
+    def gather_indexes(self, output, gather_index):
+        # RecBole's models read their last position here, inside forward; while
+        # every_position_output runs, every position is kept.
+        if self._every_position:
+            return output
+        return super().gather_indexes(output, gather_index)
+
+    def every_position_output(self, item_seq, item_seq_len) -> torch.Tensor:
+        """``forward`` with every position's output kept: ``(batch, n, hidden)`` for a
+        model that reads its last position with ``gather_indexes``; any other output
+        (a model that does not) is returned as it is, for the caller to refuse."""
+        self._every_position = True
+        try:
+            return self.forward(item_seq, item_seq_len)
+        finally:
+            self._every_position = False
+
+
+_BUILTIN_CLASSES: dict[tuple[type, str], type] = {}
+
+
+def builtin_class(model_class, config):
+    """The class to build for ``config``: a plugin model's class itself; for a RecBole
+    built-in sequential model its ``BuiltinSequential`` subclass, re-laid under
+    ``sequence_layout: left``; ``SequenceLayoutError`` for a built-in that cannot be
+    re-laid from outside.  Any other model (a general one) is RecBole's class."""
+    from recbole.model.abstract_recommender import SequentialRecommender
+
+    layout = sequence_layout(config)
+    if issubclass(model_class, TransformerRecommender) or not issubclass(
+        model_class, SequentialRecommender
+    ):
         return model_class
     name = model_class.__name__
     reads = LEFT_LAYOUT_BUILTINS.get(name)
-    if reads is None or not model_class.__module__.startswith("recbole.model."):
+    if layout == "left" and (reads is None or not model_class.__module__.startswith("recbole.")):
         supported = ", ".join(sorted(LEFT_LAYOUT_BUILTINS))
         raise SequenceLayoutError(
             f"sequence_layout=left is not available for {name}: it uses item_seq_len for more "
             f"than reading the last position (RecBole built-ins with left: {supported}, and "
             "every plugin model); set sequence_layout=right"
         )
-    return type(
-        name,
-        (model_class,),
-        {
-            "forward": _left_laid_forward(model_class.forward, reads),
+    key = (model_class, layout)
+    if key not in _BUILTIN_CLASSES:
+        members = {
             "__module__": model_class.__module__,
             "__qualname__": model_class.__qualname__,
             "__doc__": model_class.__doc__,
-            "sequence_layout": "left",
-        },
-    )
+            "sequence_layout": layout,
+        }
+        if layout == "left":
+            members["forward"] = _left_laid_forward(model_class.forward, reads)
+        _BUILTIN_CLASSES[key] = type(name, (BuiltinSequential, model_class), members)
+    return _BUILTIN_CLASSES[key]
 
 
 def _left_laid_forward(forward, reads: str):
@@ -82,7 +121,7 @@ def _left_laid_forward(forward, reads: str):
         to_left, to_right = left_alignment(item_seq_len, item_seq.size(1))
         full = torch.full_like(item_seq_len, item_seq.size(1))
         output = forward(self, item_seq.gather(1, to_left), full, *args, **kwargs)
-        # Every position's output (gather_indexes bypassed: protocol.all_position_output)
+        # Every position's output (every_position_output)
         # goes back to RecBole's layout, where the per-position targets are.
         return gather_positions(output, to_right) if output.dim() == 3 else output
 

@@ -89,7 +89,7 @@ class LearnedMaskTraining:
         self.mask_learning_rate = rate
 
     def optimizer_parameter_groups(self) -> list[dict] | None:
-        """Parameter groups for the trainer's optimizer (``ProtocolTrainer``), or None
+        """Parameter groups for the trainer's optimizer (``protocol.trainer.FreqTrainer``), or None
         for one group at ``learning_rate``: with ``mask_learning_rate`` set, the ``denoise``
         masks' ``Phi`` get their own rate.  Why: under Adam a parameter moves about one
         learning rate per step whatever its gradient's scale, so at ``learning_rate``
@@ -110,7 +110,7 @@ class LearnedMaskTraining:
         return learned_masks(self.encoder, self.bidirectional)
 
     def epoch_report(self) -> dict:
-        """Kept with each epoch of the run history (``quick_start.recorder.TrainingRecorder``) and
+        """Kept with each epoch of the run history (``protocol.trainer.FreqTrainer``) and
         logged, so pruning can be followed through training, not only at the best epoch:
         per layer with learned masks, the share of links the inference mask prunes and the
         mean keep probability; empty for a model without masks."""
@@ -120,6 +120,29 @@ class LearnedMaskTraining:
         return {
             "pruned_fraction": [round(entry["pruned_fraction"], 4) for entry in masks],
             "keep_probability_mean": [round(entry["keep_probability_mean"], 4) for entry in masks],
+        }
+
+    def analysis_report(self, batches) -> dict:
+        """What ``--analyze`` shows of this model beyond the spectra and attention maps it
+        measures itself (``jobs.analyze.measures``): the learned ``denoise`` masks, per
+        layer (none for a model without them).  A paper's model adds its own (BSARec's
+        beta, PolyRec's order contributions); ``batches`` are the evaluation batches
+        analysed."""
+        masks = self.learned_masks()
+        if not masks:
+            return {}
+        return {
+            "rec_denoiser_masks": [
+                {
+                    "layer": entry["layer"] + 1,
+                    "pruned_fraction": float(entry["pruned_fraction"]),
+                    "prediction_row_pruned_fraction": float(
+                        entry["prediction_row_pruned_fraction"]
+                    ),
+                    "mask": entry["mask"].numpy().round(4).tolist(),
+                }
+                for entry in masks
+            ]
         }
 
     def run_summary(self) -> dict:

@@ -4,7 +4,8 @@
 ``regularization_loss()`` of every encoder component.  ``DenoisingObjective``
 (Rec-Denoiser eq. 13, picked when the encoder has ``denoise`` attention operators or
 ``jacobian_gamma > 0``): the ARM / AR mask estimators and the Jacobian regulariser
-(eq. 12) around the same forward pass.  ``build_objective`` chooses.
+(eq. 12) around the same forward pass.  ``build_objective`` chooses.  ``pair_losses``:
+the loss of a (positive, negative) score pair, for the models and the protocols.
 """
 
 from __future__ import annotations
@@ -24,6 +25,16 @@ JACOBIAN_NORMALIZATIONS = ("entry", "position", "sequence")
 # ``train_rows: last_n_all_positions``, written by ``recbole_freq.protocol.rows``): the
 # objectives and the sparsity scale count targets from it.
 POSITION_TARGETS = "protocol_position_targets"
+
+
+def pair_losses(kind: str, positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
+    """The loss of each (positive, negative) score pair: ``bce``, ``-log s(r_pos) - log(1 -
+    s(r_neg))`` as ``softplus(-r_pos) + softplus(r_neg)`` (Rec-Denoiser eq. 4, SASRec's);
+    ``bpr``, ``-log(1e-10 + s(r_pos - r_neg))`` (RecBole's ``BPRLoss``, the BSARec
+    authors' GRU4Rec).  ``kind`` in either case (``BPR`` is a ``loss_type``)."""
+    if kind.lower() == "bpr":
+        return -torch.log(1e-10 + torch.sigmoid(positive - negative))
+    return nn.functional.softplus(-positive) + nn.functional.softplus(negative)
 
 
 def jacobian_norm_estimate(

@@ -1,16 +1,32 @@
-"""The sampled losses of ``train_loss`` (``bce``, ``bpr``: one negative per target),
-computed by the protocol's trainer from a model's output and item embeddings: the
-negatives (``row_negatives``, ``position_negatives``), the pair losses, the model's own
-regularisation kept beside them, and the checks that refuse a model whose own loss
-would be silently lost."""
+"""The sampled losses of ``train_loss`` (``bce``, ``bpr``: one negative per target):
+``SampledLoss``, the loss function the trainer trains with in place of the model's own,
+computed from a model's output and item embeddings; the negatives (``row_negatives``,
+``position_negatives``, both drawn by ``draw_excluding``), the pair losses, the model's
+own regularisation kept beside them, and the checks that refuse a model whose own loss
+would be silently lost.
+
+What a model can give is read from its type, never from its attribute names: a plugin
+model (``TransformerRecommender``) encodes every position (``encode``), names its extra
+inputs and loss terms (``sequence_inputs``, ``auxiliary_losses``) and may train through
+Rec-Denoiser's ``DenoisingObjective``; a RecBole built-in runs as its
+``BuiltinSequential`` subclass (``model.layout``), whose ``every_position_output`` keeps
+every position."""
 
 from __future__ import annotations
 
 import functools
 
 import torch
-import torch.nn.functional as F
 
+from recbole_freq.model.abstract_recommender import TransformerRecommender
+from recbole_freq.model.layout import BuiltinSequential
+from recbole_freq.model.objectives import (
+    POSITION_TARGETS,
+    DenoisingObjective,
+    DenoisingPass,
+    PlainObjective,
+    pair_losses,
+)
 from recbole_freq.protocol.pieces import (
     ALL_POSITIONS,
     ProtocolError,
@@ -40,16 +56,13 @@ def _bce_way_out(config) -> str:
 
 def drives_objective(model) -> bool:
     """Whether the protocol's binary cross-entropy goes through the model's own training
-    objective: a core model whose objective is Rec-Denoiser's ``DenoisingObjective``
+    objective: a plugin model whose objective is Rec-Denoiser's ``DenoisingObjective``
     (masks learned by ARM / AR, the Jacobian term), which the protocol runs on its loss
     (``objective_loss``)."""
-    objective = getattr(model, "objective", None)
     return (
-        objective is not None
-        and type(objective).__name__ == "DenoisingObjective"
-        and callable(getattr(model, "run_encoder", None))
-        and callable(getattr(model, "readout", None))
-        and not getattr(model, "bidirectional", False)
+        isinstance(model, TransformerRecommender)
+        and isinstance(model.objective, DenoisingObjective)
+        and not model.bidirectional
     )
 
 
@@ -59,8 +72,6 @@ def objective_loss(model, interaction, targets, negatives, all_positions: bool):
     ``DenoisingObjective``, so the masks learn from this loss and the Jacobian term
     sees the same pass.  The negatives are drawn once, outside the passes, so both ARM
     passes score the same items."""
-    from recbole_freq.model.objectives import DenoisingPass
-
     item_seq = interaction[model.ITEM_SEQ]
     inputs = sequence_inputs(model, interaction)
     weight = item_embedding_weight(model)
@@ -76,7 +87,7 @@ def objective_loss(model, interaction, targets, negatives, all_positions: bool):
         output = model.readout(hidden, **inputs)
         positive = (output * weight[targets]).sum(-1)
         negative = (output * weight[negatives]).sum(-1)
-        losses = pair_loss(positive, negative, "bce") * scored
+        losses = pair_losses("bce", positive, negative) * scored
         return DenoisingPass(losses.sum(-1) / count, block_inputs, block_outputs, item_seq != 0)
 
     return model.objective(model.encoder, run_pass)
@@ -87,21 +98,22 @@ def check_plain_objective(model, config) -> None:
     training objective adds more (the contrastive terms of PolyRec, DuoRec, CL4SRec and
     FEARec) would silently lose it, so it is refused.  Rec-Denoiser's objective is run
     on this loss instead (``drives_objective``)."""
-    objective = getattr(model, "objective", None)
-    if drives_objective(model):
-        objective = None
-    if objective is not None and type(objective).__name__ != "PlainObjective":
-        raise ProtocolError(
-            f"{_bce_source(config)}, which does not apply {config['model']}'s "
-            f"{type(objective).__name__}; {_bce_way_out(config)}"
-        )
+    if isinstance(model, TransformerRecommender) and not drives_objective(model):
+        objective = model.objective
+        if not isinstance(objective, PlainObjective):
+            raise ProtocolError(
+                f"{_bce_source(config)}, which does not apply {config['model']}'s "
+                f"{type(objective).__name__}; {_bce_way_out(config)}"
+            )
     terms = auxiliary_terms(model, config)
     if terms:
         raise ProtocolError(
             f"{_bce_source(config)}, which leaves out {config['model']}'s "
             f"{' and '.join(terms)}; turn them off or {_bce_way_out(config)}"
         )
-    if not isinstance(getattr(model, "item_embedding", None), torch.nn.Embedding):
+    if not isinstance(model, TransformerRecommender) and not isinstance(
+        getattr(model, "item_embedding", None), torch.nn.Embedding
+    ):
         raise ProtocolError(
             f"{_bce_source(config)}, which scores items with the model's item_embedding; "
             f"{type(model).__name__} has none; {_bce_way_out(config)}"
@@ -112,17 +124,17 @@ def auxiliary_terms(model, config) -> list[str]:
     """Loss terms ``model`` adds to its recommendation loss: the plugin models say
     (``auxiliary_losses``); of RecBole's built-ins, FEARec adds its contrastive and
     frequency-domain terms when its settings turn them on."""
-    hook = getattr(model, "auxiliary_losses", None)
-    if callable(hook):
-        return list(hook())
+    if isinstance(model, TransformerRecommender):
+        return list(model.auxiliary_losses())
     if isinstance(model, _recbole_class("FEARec")):
         return fearec_terms(config["contrast"], config["fredom"])
     return []
 
 
 def item_embedding_weight(model) -> torch.Tensor:
-    weight = getattr(model, "item_scores_weight", None)  # without input-only tokens
-    return weight if isinstance(weight, torch.Tensor) else model.item_embedding.weight
+    if isinstance(model, TransformerRecommender):
+        return model.item_scores_weight  # without input-only tokens ([mask])
+    return model.item_embedding.weight
 
 
 def row_negatives(item_seq, targets, n_items: int) -> torch.Tensor:
@@ -139,34 +151,41 @@ def row_negatives(item_seq, targets, n_items: int) -> torch.Tensor:
             "train_loss=bce: a training row holds every item, leaving no negative to draw; "
             "use train_loss=model"
         )
-    negatives = torch.randint(1, n_items, targets_cpu.shape)
-    redraw = seen.gather(1, negatives[:, None])[:, 0]
+    negatives = draw_excluding(seen, torch.ones(len(targets_cpu), 1, dtype=torch.bool))[:, 0]
+    return negatives.to(targets.device)
+
+
+def draw_excluding(seen: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+    """``(rows, k)`` item ids, uniform over ``1 .. n_items - 1`` and redrawn while a row's
+    draw is one of its ``seen`` items (``seen``: ``(rows, n_items)``), for the slots
+    where ``wanted`` is true; drawn with torch's global generator."""
+    n_items = seen.size(1)
+    negatives = torch.randint(1, n_items, wanted.shape)
+    redraw = seen.gather(1, negatives) & wanted
     while redraw.any():
         negatives[redraw] = torch.randint(1, n_items, (int(redraw.sum()),))
-        redraw = seen.gather(1, negatives[:, None])[:, 0]
-    return negatives.to(targets.device)
+        redraw = seen.gather(1, negatives) & wanted
+    return negatives
 
 
 def sequence_inputs(model, interaction) -> dict:
     """What a plugin model's encoder reads besides the items (TiSASRec's timestamps);
     nothing for RecBole's models."""
-    hook = getattr(model, "sequence_inputs", None)
-    return hook(interaction) if callable(hook) else {}
+    if isinstance(model, TransformerRecommender):
+        return model.sequence_inputs(interaction)
+    return {}
 
 
 def all_position_output(model, interaction) -> torch.Tensor:
-    """``(batch, n, hidden)``: the model's output at every position.  Plugin models
-    expose ``encode``; RecBole's sequential models read the last position with
-    ``gather_indexes`` inside ``forward``, which is bypassed for this call."""
+    """``(batch, n, hidden)``: the model's output at every position: a plugin model's
+    ``encode``, a RecBole built-in's ``every_position_output`` (``model.layout``)."""
     item_seq = interaction[model.ITEM_SEQ]
-    if callable(getattr(model, "encode", None)):
+    if isinstance(model, TransformerRecommender):
         return model.encode(item_seq, **sequence_inputs(model, interaction))
-    model.gather_indexes = lambda output, index: output
-    try:
-        output = model.forward(item_seq, interaction[model.ITEM_SEQ_LEN])
-    finally:
-        del model.gather_indexes
-    if output.dim() != 3 or output.size(1) != item_seq.size(1):
+    output = None
+    if isinstance(model, BuiltinSequential):
+        output = model.every_position_output(item_seq, interaction[model.ITEM_SEQ_LEN])
+    if output is None or output.dim() != 3 or output.size(1) != item_seq.size(1):
         raise ProtocolError(
             f"train_rows=last_n_all_positions needs every position's output, and "
             f"{type(model).__name__}.forward does not give it (it does not read its last "
@@ -223,31 +242,17 @@ def position_negatives(train_dataset, interaction, targets, model) -> torch.Tens
             "leaving no negative to draw; use train_rows=all_prefixes or window"
         )
     targets_cpu = targets.cpu()
-    negatives = torch.randint(1, model.n_items, targets_cpu.shape)
-    redraw = seen.gather(1, negatives) & (targets_cpu > 0)
-    while redraw.any():
-        negatives[redraw] = torch.randint(1, model.n_items, (int(redraw.sum()),))
-        redraw = seen.gather(1, negatives) & (targets_cpu > 0)
+    negatives = draw_excluding(seen, targets_cpu > 0)
     return torch.where(targets_cpu > 0, negatives, torch.zeros_like(negatives)).to(targets.device)
 
 
-def pair_loss(positive, negative, kind: str) -> torch.Tensor:
-    """The loss of each (positive, negative) score pair: ``bce``, ``-log s(r_pos) - log(1 -
-    s(r_neg))`` as ``softplus(-r_pos) + softplus(r_neg)`` (SASRec eq. 4 of Rec-Denoiser);
-    ``bpr``, ``-log(1e-10 + s(r_pos - r_neg))`` (RecBole's ``BPRLoss``, the BSARec
-    authors' GRU4Rec)."""
-    if kind == "bpr":
-        return -torch.log(1e-10 + torch.sigmoid(positive - negative))
-    return F.softplus(-positive) + F.softplus(negative)
-
-
 def position_loss(output, targets, negatives, item_weight, kind: str = "bce") -> torch.Tensor:
-    """Mean of ``pair_loss`` over the positions that have a target."""
+    """Mean of ``pair_losses`` over the positions that have a target."""
     positions = targets > 0
     hidden = output[positions]
     positive = (hidden * item_weight[targets[positions]]).sum(-1)
     negative = (hidden * item_weight[negatives[positions]]).sum(-1)
-    return pair_loss(positive, negative, kind).mean()
+    return pair_losses(kind, positive, negative).mean()
 
 
 @functools.cache
@@ -306,3 +311,68 @@ def training_loss_label(model, config) -> str:
     if has_regularisation(model):
         terms.append("L2 terms")
     return " + ".join([base, *terms])
+
+
+class SampledLoss:
+    """The loss function of ``train_loss: bce`` / ``bpr``, called by the trainer on each
+    training batch in place of ``model.calculate_loss``: SASRec's at every position of
+    ``train_rows: last_n_all_positions`` (``all_positions``), the BSARec / FMLP-Rec
+    authors' at the last position of other rows (``last_position``).  Built once per
+    trainer, after the checks that refuse a model whose own loss terms it would drop
+    (``check_plain_objective``); ``training_dataset`` is the training split whose users'
+    items the per-position negatives avoid (set by the trainer each epoch)."""
+
+    def __init__(self, model, config):
+        check_plain_objective(model, config)
+        settings = protocol_settings(config)
+        self.model = model
+        self.kind = settings["train_loss"]
+        self.every_position = settings["train_rows"] == ALL_POSITIONS
+        self.training_dataset = None
+        self._causality_checked = False
+
+    def __call__(self, interaction):
+        if self.every_position:
+            return self.all_positions(interaction)
+        return self.last_position(interaction)
+
+    def all_positions(self, interaction):
+        """SASRec's loss (its ``model.py``; Rec-Denoiser eq. 4): at every position with a
+        target, ``-log s(r_pos) - log(1 - s(r_neg))`` with one negative drawn among the
+        items outside the user's training part, averaged over those positions."""
+        model = self.model
+        if not self._causality_checked:
+            check_causal(model, interaction)
+            self._causality_checked = True
+        targets = interaction[POSITION_TARGETS]
+        negatives = position_negatives(self.training_dataset, interaction, targets, model)
+        if drives_objective(model):
+            return objective_loss(model, interaction, targets, negatives, all_positions=True)
+        output = all_position_output(model, interaction)
+        loss = position_loss(output, targets, negatives, item_embedding_weight(model), "bce")
+        return loss + regularisation(model)
+
+    def last_position(self, interaction):
+        """The BSARec and FMLP-Rec authors' loss for their baselines (yehjin-shin/BSARec,
+        ``src/model/sasrec.py``, ``caser.py``, ``fmlprec.py``: ``-log s(r_pos) - log(1 -
+        s(r_neg))``; ``gru4rec.py``: ``-log(1e-10 + s(r_pos - r_neg))``): the output at
+        the row's last position against one negative drawn among the items outside the
+        row (``dataset.py``, ``neg_sample(set(items))``), averaged over the rows, plus the
+        model's own regularisation (``regularisation``)."""
+        model = self.model
+        item_seq = interaction[model.ITEM_SEQ]
+        targets = interaction[model.POS_ITEM_ID]
+        negatives = row_negatives(item_seq, targets, model.n_items)
+        if drives_objective(model):
+            return objective_loss(
+                model, interaction, targets[:, None], negatives[:, None], all_positions=False
+            )
+        output = last_position_output(model, interaction)
+        loss = position_loss(
+            output[:, None],
+            targets[:, None],
+            negatives[:, None],
+            item_embedding_weight(model),
+            self.kind,
+        )
+        return loss + regularisation(model)

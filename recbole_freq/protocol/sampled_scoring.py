@@ -16,9 +16,12 @@ import logging
 import torch
 from recbole.model.abstract_recommender import SequentialRecommender
 
+from recbole_freq.protocol.losses import sequence_inputs
+
 
 class SampledScorer:
-    """Stands in for ``model.predict``: ``full_sort_predict`` of each distinct (user,
+    """The trainer's scores of sampled candidates (``FreqTrainer._neg_sample_batch_eval``)
+    in place of ``model.predict``: ``full_sort_predict`` of each distinct (user,
     sequence) of the batch, read at the candidates' items.
 
     The first batch with repeated sequences is also scored with the model's own
@@ -40,8 +43,7 @@ class SampledScorer:
         key = interaction[model.ITEM_SEQ]
         if model.USER_ID in interaction:  # models with user embeddings (Caser, HGN, ...)
             key = torch.cat([interaction[model.USER_ID][:, None], key], dim=1)
-        hook = getattr(model, "sequence_inputs", None)
-        extra = list(hook(interaction).values()) if callable(hook) else []
+        extra = list(sequence_inputs(model, interaction).values())
         if extra:  # e.g. TiSASRec's timestamps: same items at other times score otherwise
             key = torch.cat([key.double()] + [v.view(key.size(0), -1).double() for v in extra], 1)
         distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
@@ -65,11 +67,3 @@ class SampledScorer:
                 return self.own_predict(interaction)
             self.verified = True
         return scores
-
-
-def use_full_sort_for_sampled_scoring(model):
-    """Install ``SampledScorer`` as ``model.predict`` for sequential models (the instance
-    attribute does not touch the state dict, so checkpoints are unchanged)."""
-    if isinstance(model, SequentialRecommender) and not isinstance(model.predict, SampledScorer):
-        model.predict = SampledScorer(model)
-    return model

@@ -1,45 +1,72 @@
-"""The trainer side of a protocol: ``ProtocolTrainer`` mixed into RecBole's trainer of
-the model (history masks in full-sort ranking, the stopping rule, per-user ranks) and
-the sampled losses of ``train_loss``: ``bce``, binary cross-entropy against one
-negative, SASRec's at every position of ``train_rows: last_n_all_positions`` and the
-BSARec / FMLP-Rec authors' at the last position of other rows; ``bpr``, their GRU4Rec's
-Bayesian personalised ranking against one negative at the last position.  A model's own
-regularisation (Caser's L2 terms) is added to either, as the model adds it to its own
-loss."""
+"""``FreqTrainer``: the one trainer every run, search trial and evaluation uses.
+
+It is RecBole's ``Trainer`` with the plugin's hooks written as its own methods.  RecBole
+asks for a model's trainer through ``get_trainer``; ``trainer_for(config, model)``
+answers instead: ``FreqTrainer`` itself for every model RecBole trains with its
+``Trainer`` (all sequential models, the plugin's and RecBole's).  A RecBole built-in
+with a trainer of its own (``S3RecTrainer``, ``KGTrainer``, ``TraditionalTrainer``, ...)
+gets the class ``(FreqTrainer, ThatTrainer)``, built once: Python's method order puts
+these hooks first and each one's ``super()`` call reaches that trainer's own method, so
+the same hooks run in front of it.
+
+The hooks, each a method (or a callable attribute the caller sets):
+
+- **Sampled loss** (``_train_epoch``): under ``train_loss: bce`` / ``bpr`` an epoch
+  trains with the protocol's ``SampledLoss`` instead of ``model.calculate_loss``
+  (``protocol.losses``); with ``amp_dtype`` the epoch's autocast takes that type.
+- **Optimizer groups** (``_build_optimizer``): a plugin model's own parameter groups
+  (Rec-Denoiser's ``mask_learning_rate``).
+- **Epoch record** (``_train_epoch``, ``_valid_epoch``): ``history`` gets each epoch's
+  loss, seconds, validation metrics and the model's ``epoch_report``; ``best_epoch``
+  and ``train_seconds`` read it.
+- **Resume state** (``before_epoch(epoch)``, set by the caller): runs before every epoch
+  after the first of this segment, once all earlier ones are complete; the run writes
+  its resume state there (``quick_start.resume``).  ``after_valid(record)`` runs after
+  each validation with the epoch's record.
+- **Stopping rule** (``_valid_epoch``, ``fit``): ``stopping_rule: strict`` stops after
+  ``stopping_step`` epochs without a strict improvement on unrounded metrics, as the
+  BSARec authors' code does; RecBole's rule otherwise.
+- **Best weights in memory** (``_save_checkpoint``, ``evaluate``): the weights of the
+  checkpoint saved last are kept, and the test evaluation restores them instead of
+  reading the file back (the file at that path may have been replaced since).
+- **History mask** (``_full_sort_batch_eval``): ``history_mask: exclude`` / ``zero``
+  removes each row's earlier items from its full-sort scores.
+- **Sampled scoring** (``_neg_sample_batch_eval``): sampled evaluation (``uni100``)
+  reads each candidate's score off one full-sort pass per distinct sequence
+  (``protocol.sampled_scoring``), instead of re-encoding the sequence per candidate.
+- **Per-user ranks** (``per_user_ranks``): each user's rank of the target in the last
+  evaluation, from RecBole's own top-k structure (for significance tests).
+- **Data-parallel evaluation** (``evaluate``, ``_map_reduce``): rank 0 evaluates every
+  row and the others receive its result.
+"""
 
 from __future__ import annotations
 
+import copy
+import logging
 import math
+import time
 
 import numpy as np
 import torch
+from recbole.model.abstract_recommender import SequentialRecommender
+from recbole.trainer import Trainer
+from recbole.utils import EvaluatorType
 
-from recbole_freq.protocol.losses import (
-    SAMPLED_LOSSES,
-    all_position_output,
-    check_causal,
-    check_plain_objective,
-    drives_objective,
-    item_embedding_weight,
-    last_position_output,
-    objective_loss,
-    position_loss,
-    position_negatives,
-    regularisation,
-    row_negatives,
-)
-from recbole_freq.protocol.pieces import ALL_POSITIONS, ProtocolError, protocol_settings
-from recbole_freq.protocol.rows import (
-    HISTORY_LENGTH,
-    HISTORY_START,
-    POSITION_TARGETS,
-    UserHistories,
-)
+from recbole_freq.model.abstract_recommender import TransformerRecommender
+from recbole_freq.protocol.losses import SAMPLED_LOSSES, SampledLoss
+from recbole_freq.protocol.pieces import ProtocolError, protocol_settings
+from recbole_freq.protocol.rows import HISTORY_LENGTH, HISTORY_START, UserHistories
+from recbole_freq.protocol.sampled_scoring import SampledScorer
+from recbole_freq.utils.process_group import broadcast_from_writer, writing_rank
+
+# Mixed-precision types of `amp_dtype` (with RecBole's `enable_amp`).
+AMP_DTYPES = ("bfloat16", "float16")
 
 
 class _RecordingEvaluator:
     """RecBole's ``Evaluator`` that keeps the last top-k structure it evaluated (the
-    per-user hits ``ProtocolTrainer.per_user_ranks`` reads)."""
+    per-user hits ``FreqTrainer.per_user_ranks`` reads)."""
 
     def __init__(self, evaluator):
         self.evaluator = evaluator
@@ -53,33 +80,31 @@ class _RecordingEvaluator:
         return getattr(self.evaluator, name)
 
 
-# Mixed-precision types of `amp_dtype` (with RecBole's `enable_amp`).
-AMP_DTYPES = ("bfloat16", "float16")
+class FreqTrainer(Trainer):
+    """RecBole's ``Trainer`` with the plugin's hooks (module docstring).  With RecBole's
+    choices of every protocol piece, training and evaluation are RecBole's own."""
 
-
-class ProtocolTrainer:
-    """Mixin over RecBole's trainer class of the model (``protocol_trainer``): the history
-    mask in full-sort ranking and the stopping rule.  With RecBole's choices every method
-    is RecBole's own."""
-
-    def _init_protocol(self, config):
-        self.evaluator = _RecordingEvaluator(self.evaluator)
+    def __init__(self, config, model):
+        super().__init__(config, model)
         settings = protocol_settings(config)
         self.history_mask = settings["history_mask"]
         self.stopping_rule = settings["stopping_rule"]
-        self.train_rows = settings["train_rows"]
-        self.train_loss = settings["train_loss"]
-        self._causality_checked = False
-        if self.train_loss in SAMPLED_LOSSES:
-            check_plain_objective(self.model, config)
-        self._eval_histories = None
-        self._strict_best = None
         self.amp_dtype = config["amp_dtype"]
         if self.amp_dtype not in (None, *AMP_DTYPES):
             raise ValueError(
                 f"amp_dtype={self.amp_dtype!r} is not a mixed-precision type: use one of "
                 f"{', '.join(AMP_DTYPES)} (with enable_amp: True)"
             )
+        self.sampled_loss = None
+        if settings["train_loss"] in SAMPLED_LOSSES:
+            self.sampled_loss = SampledLoss(model, config)
+        self.evaluator = _RecordingEvaluator(self.evaluator)
+        self.sampled_scorer = (
+            SampledScorer(model) if isinstance(model, SequentialRecommender) else None
+        )
+        self._eval_histories = None
+        self._eval_data = None
+        self._strict_best = None
         if self.stopping_rule == "strict":
             from recbole.evaluator import Evaluator
 
@@ -94,24 +119,49 @@ class ProtocolTrainer:
                 tail_ratio=config["tail_ratio"],
             )
             self._unrounded_evaluator = Evaluator(view)
+        # Epoch record and resume state.
+        self.history: list[dict] = []
+        self.train_seconds = 0.0
+        # Wall time of a resumed run's earlier segments (each up to its last resume state;
+        # None when that state predates the count) and how many segments the run had.
+        self.run_start = time.perf_counter()
+        self.earlier_seconds: float | None = 0.0
+        self.segments = 1
+        self.current_epoch = 0
+        self.before_epoch = None
+        self.after_valid = None
+        self.best_in_memory: dict | None = None
+
+    # --- training -------------------------------------------------------------------
 
     def _build_optimizer(self, **kwargs):
-        # A model may give parameter groups with their own learning rates (Rec-Denoiser's
+        # Parameter groups with their own learning rates (Rec-Denoiser's
         # mask_learning_rate); RecBole's optimizers take them as `params`.
-        groups = getattr(self.model, "optimizer_parameter_groups", None)
-        if "params" not in kwargs and groups is not None:
-            chosen = groups()
-            if chosen is not None:
-                kwargs["params"] = chosen
+        if "params" not in kwargs and isinstance(self.model, TransformerRecommender):
+            groups = self.model.optimizer_parameter_groups()
+            if groups is not None:
+                kwargs["params"] = groups
         return super()._build_optimizer(**kwargs)
 
     def _train_epoch(self, train_data, epoch_idx, loss_func=None, show_progress=False):
-        if self.train_loss in SAMPLED_LOSSES and loss_func is None:
-            self._train_items = train_data._dataset
-            if self.train_rows == ALL_POSITIONS:
-                loss_func = self.all_positions_loss
-            else:
-                loss_func = self.last_position_loss
+        self.current_epoch = epoch_idx
+        if self.before_epoch is not None and epoch_idx > self.start_epoch:
+            self.before_epoch(epoch_idx)
+        if self.sampled_loss is not None and loss_func is None:
+            self.sampled_loss.training_dataset = train_data._dataset
+            loss_func = self.sampled_loss
+        start = time.perf_counter()
+        loss = self._train_epoch_in_amp_dtype(train_data, epoch_idx, loss_func, show_progress)
+        seconds = time.perf_counter() - start
+        self.train_seconds += seconds
+        total = sum(loss) if isinstance(loss, tuple) else loss
+        self.history.append(
+            {"epoch": len(self.history), "train_loss": float(total), "train_seconds": seconds}
+        )
+        self._record_model_report(epoch_idx)
+        return loss
+
+    def _train_epoch_in_amp_dtype(self, train_data, epoch_idx, loss_func, show_progress):
         if not (self.enable_amp and self.amp_dtype):
             return super()._train_epoch(
                 train_data, epoch_idx, loss_func=loss_func, show_progress=show_progress
@@ -128,57 +178,96 @@ class ProtocolTrainer:
         finally:
             torch.set_autocast_dtype(device_type, previous)
 
-    def all_positions_loss(self, interaction):
-        """SASRec's loss (its ``model.py``; Rec-Denoiser eq. 4): at every position with a
-        target, ``-log s(r_pos) - log(1 - s(r_neg))`` with one negative drawn among the
-        items outside the user's training part, averaged over those positions."""
-        model = self.model
-        if not self._causality_checked:
-            check_causal(model, interaction)
-            self._causality_checked = True
-        targets = interaction[POSITION_TARGETS]
-        negatives = position_negatives(self._train_items, interaction, targets, model)
-        if drives_objective(model):
-            return objective_loss(model, interaction, targets, negatives, all_positions=True)
-        output = all_position_output(model, interaction)
-        loss = position_loss(output, targets, negatives, item_embedding_weight(model), "bce")
-        return loss + regularisation(model)
-
-    def last_position_loss(self, interaction):
-        """The BSARec and FMLP-Rec authors' loss for their baselines (yehjin-shin/BSARec,
-        ``src/model/sasrec.py``, ``caser.py``, ``fmlprec.py``: ``-log s(r_pos) - log(1 -
-        s(r_neg))``; ``gru4rec.py``: ``-log(1e-10 + s(r_pos - r_neg))``): the output at
-        the row's last position against one negative drawn among the items outside the
-        row (``dataset.py``, ``neg_sample(set(items))``), averaged over the rows, plus the
-        model's own regularisation (``regularisation``)."""
-        model = self.model
-        item_seq = interaction[model.ITEM_SEQ]
-        targets = interaction[model.POS_ITEM_ID]
-        negatives = row_negatives(item_seq, targets, model.n_items)
-        if drives_objective(model):
-            return objective_loss(
-                model, interaction, targets[:, None], negatives[:, None], all_positions=False
-            )
-        output = last_position_output(model, interaction)
-        loss = position_loss(
-            output[:, None],
-            targets[:, None],
-            negatives[:, None],
-            item_embedding_weight(model),
-            self.train_loss,
+    def _record_model_report(self, epoch_idx) -> None:
+        # What a plugin model reports of each epoch (how many links the denoising masks
+        # prune), kept with the epoch and logged.
+        if not isinstance(self.model, TransformerRecommender):
+            return
+        report = self.model.epoch_report()
+        if not report:
+            return
+        self.history[-1]["model_report"] = report
+        described = ", ".join(
+            f"{key} {' / '.join(f'{value:.3f}' for value in values)}"
+            for key, values in report.items()
         )
-        return loss + regularisation(model)
+        model_name = type(self.model).__name__
+        logging.getLogger().info(f"epoch {epoch_idx} {model_name}: {described}")
+
+    def _valid_epoch(self, valid_data, show_progress=False):
+        if self.stopping_rule == "strict":
+            score, result = self._strict_valid_epoch(valid_data, show_progress)
+        else:
+            score, result = super()._valid_epoch(valid_data, show_progress=show_progress)
+        self.history[-1].update(valid_score=float(score), valid=dict(result))
+        if self.after_valid is not None:
+            self.after_valid(self.history[-1])
+        return score, result
+
+    def _strict_valid_epoch(self, valid_data, show_progress):
+        rounded, self.evaluator = self.evaluator, self._unrounded_evaluator
+        try:
+            score, result = super()._valid_epoch(valid_data, show_progress=show_progress)
+        finally:
+            self.evaluator = rounded
+        previous = self.best_valid_score if self._strict_best is None else self._strict_best
+        bigger = self.valid_metric_bigger
+        if (score > previous) if bigger else (score < previous):
+            self._strict_best = score
+        else:
+            self._strict_best = previous
+        # RecBole's early_stopping, called next, counts `score >= best` as an improvement;
+        # against the float just after the previous best that is exactly `score > best`.
+        self.best_valid_score = math.nextafter(previous, math.inf if bigger else -math.inf)
+        return score, result
+
+    def fit(self, *args, **kwargs):
+        best_score, best_result = super().fit(*args, **kwargs)
+        if self.stopping_rule == "strict" and self._strict_best is not None:
+            self.best_valid_score = best_score = self._strict_best
+        return best_score, best_result
+
+    @property
+    def best_epoch(self) -> int | None:
+        """The epoch whose checkpoint the trainer kept: RecBole's early stopping counts a
+        tie as an improvement (the last epoch reaching the best), the strict rule does
+        not (the first)."""
+        scored = [e for e in self.history if "valid_score" in e]
+        if not scored:
+            return None
+        pick = max if self.valid_metric_bigger else min
+        best = pick(e["valid_score"] for e in scored)
+        reached = [e["epoch"] for e in scored if e["valid_score"] == best]
+        return reached[0] if self.stopping_rule == "strict" else reached[-1]
+
+    def _save_checkpoint(self, epoch, verbose=True, **kwargs):
+        if not writing_rank(self.config):
+            return  # RecBole's test (local_rank) would let rank 0 of every machine write
+        target = kwargs.get("saved_model_file", self.saved_model_file)
+        super()._save_checkpoint(epoch, verbose=verbose, **kwargs)
+        self.best_in_memory = {
+            "file": str(target),
+            "state_dict": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "other_parameter": copy.deepcopy(self.model.other_parameter()),
+        }
+
+    # --- evaluation -----------------------------------------------------------------
 
     def evaluate(self, eval_data, load_best_model=True, model_file=None, show_progress=False):
-        """RecBole's evaluation; in a data-parallel run (``recbole_freq.quick_start.distributed``)
-        global rank 0 evaluates every row and the others receive its result, so the
-        metrics are one process's on the same weights."""
+        """RecBole's evaluation on the best weights kept in memory; in a data-parallel
+        run (``quick_start.distributed``) global rank 0 evaluates every row and the
+        others receive its result, so the metrics are one process's on the same
+        weights."""
         self._eval_histories = getattr(eval_data._dataset, "protocol_histories", None)
         self._eval_data = eval_data
+        saved = self.best_in_memory
+        wanted = str(model_file or self.saved_model_file)
+        if load_best_model and eval_data and saved is not None and saved["file"] == wanted:
+            self.model.load_state_dict(saved["state_dict"])
+            self.model.load_other_parameter(saved["other_parameter"])
+            load_best_model = False
         if self.config["single_spec"] is not False:
             return super().evaluate(eval_data, load_best_model, model_file, show_progress)
-        from recbole_freq.utils.process_group import broadcast_from_writer, writing_rank
-
         result = None
         if writing_rank(self.config):
             result = super().evaluate(eval_data, load_best_model, model_file, show_progress)
@@ -188,6 +277,43 @@ class ProtocolTrainer:
         # The evaluation loaders of a data-parallel run are whole (`evaluate`): the
         # writing rank's result is already every row's.
         return result
+
+    def _full_sort_batch_eval(self, batched_data):
+        if self.history_mask == "none":
+            return super()._full_sort_batch_eval(batched_data)
+        interaction, _, positive_u, positive_i = batched_data
+        histories = self._eval_histories
+        if histories is None or HISTORY_LENGTH not in interaction:
+            raise ProtocolError(
+                f"history_mask={self.history_mask} needs loaders built by "
+                "quick_start.load_splits (they carry each row's history)"
+            )
+        rows, items = history_index(interaction, histories)
+        if self.history_mask == "exclude":
+            return super()._full_sort_batch_eval(
+                (interaction, (rows, items), positive_u, positive_i)
+            )
+        scores = self.model.full_sort_predict(interaction.to(self.device))
+        scores = scores.view(-1, self.tot_item_num).clone()
+        scores[rows.to(scores.device), items.to(scores.device)] = 0.0
+        return interaction, scores, positive_u, positive_i
+
+    def _neg_sample_batch_eval(self, batched_data):
+        # RecBole's, with each block of rows scored by the sampled scorer.
+        if self.sampled_scorer is None:
+            return super()._neg_sample_batch_eval(batched_data)
+        interaction, row_idx, positive_u, positive_i = batched_data
+        size = self.test_batch_size
+        blocks = [interaction[start : start + size] for start in range(0, len(interaction), size)]
+        scores = torch.cat(
+            [self.sampled_scorer(block.to(self.device)).reshape(-1) for block in blocks]
+        )
+        if self.config["eval_type"] == EvaluatorType.VALUE:
+            return interaction, scores, positive_u, positive_i
+        col_idx = interaction[self.config["ITEM_ID_FIELD"]]
+        ranked = torch.full((positive_u[-1] + 1, self.tot_item_num), -np.inf, device=self.device)
+        ranked[row_idx, col_idx] = scores
+        return interaction, ranked, positive_u, positive_i
 
     def per_user_ranks(self) -> dict | None:
         """Each user's rank of the target in the last evaluation, from RecBole's own top-k
@@ -215,69 +341,29 @@ class ProtocolTrainer:
             "topk": hits.size(1),
         }
 
-    def _full_sort_batch_eval(self, batched_data):
-        if self.history_mask == "none":
-            return super()._full_sort_batch_eval(batched_data)
-        interaction, _, positive_u, positive_i = batched_data
-        histories = self._eval_histories
-        if histories is None or HISTORY_LENGTH not in interaction:
-            raise ProtocolError(
-                f"history_mask={self.history_mask} needs loaders built by "
-                "quick_start.load_splits (they carry each row's history)"
-            )
-        rows, items = history_index(interaction, histories)
-        if self.history_mask == "exclude":
-            return super()._full_sort_batch_eval(
-                (interaction, (rows, items), positive_u, positive_i)
-            )
-        scores = self.model.full_sort_predict(interaction.to(self.device))
-        scores = scores.view(-1, self.tot_item_num).clone()
-        scores[rows.to(scores.device), items.to(scores.device)] = 0.0
-        return interaction, scores, positive_u, positive_i
-
-    def _valid_epoch(self, valid_data, show_progress=False):
-        if self.stopping_rule != "strict":
-            return super()._valid_epoch(valid_data, show_progress=show_progress)
-        rounded, self.evaluator = self.evaluator, self._unrounded_evaluator
-        try:
-            score, result = super()._valid_epoch(valid_data, show_progress=show_progress)
-        finally:
-            self.evaluator = rounded
-        previous = self.best_valid_score if self._strict_best is None else self._strict_best
-        bigger = self.valid_metric_bigger
-        if (score > previous) if bigger else (score < previous):
-            self._strict_best = score
-        else:
-            self._strict_best = previous
-        # RecBole's early_stopping, called next, counts `score >= best` as an improvement;
-        # against the float just after the previous best that is exactly `score > best`.
-        self.best_valid_score = math.nextafter(previous, math.inf if bigger else -math.inf)
-        return score, result
-
-    def fit(self, *args, **kwargs):
-        best_score, best_result = super().fit(*args, **kwargs)
-        if self.stopping_rule == "strict" and self._strict_best is not None:
-            self.best_valid_score = best_score = self._strict_best
-        return best_score, best_result
-
 
 def history_index(interaction, histories: UserHistories):
     """``(rows, items)``: every item of each row's history before its target."""
     return histories.items_of(interaction[HISTORY_START], interaction[HISTORY_LENGTH])
 
 
-_TRAINER_CLASSES: dict[type, type] = {}
+_TRAINER_CLASSES: dict[type, type] = {Trainer: FreqTrainer}
 
 
-def protocol_trainer(config, model):
-    """RecBole's trainer for ``model`` (``get_trainer``) with ``ProtocolTrainer`` mixed in."""
+def trainer_class(config) -> type:
+    """``FreqTrainer``, or for a RecBole built-in with a trainer of its own the class
+    ``(FreqTrainer, ThatTrainer)`` (module docstring)."""
     from recbole.utils import get_trainer
 
     base = get_trainer(config["MODEL_TYPE"], config["model"])
-    cls = _TRAINER_CLASSES.get(base)
-    if cls is None:
-        cls = type(base.__name__, (ProtocolTrainer, base), {"__module__": __name__})
-        _TRAINER_CLASSES[base] = cls
-    trainer = cls(config, model)
-    trainer._init_protocol(config)
-    return trainer
+    if base not in _TRAINER_CLASSES:
+        _TRAINER_CLASSES[base] = type(
+            f"Freq{base.__name__}", (FreqTrainer, base), {"__module__": __name__}
+        )
+    return _TRAINER_CLASSES[base]
+
+
+def trainer_for(config, model) -> FreqTrainer:
+    """The trainer of ``model`` under ``config`` (RecBole's ``get_trainer(...)(config,
+    model)`` for the plugin)."""
+    return trainer_class(config)(config, model)

@@ -1,7 +1,7 @@
 """The Python API: ``run`` (the plugin's ``run_recbole``), ``run_config``,
 ``resume_run``, ``prepare_run`` and ``restore_model``, with the pieces they are built
 of (``quick_start``: the run sequence; ``preflight``: the checks before it; ``memory``,
-``recorder``, ``resume``, ``distributed``, ``restore``).  The API loads on first use,
+``resume``, ``distributed``, ``restore``).  The API loads on first use,
 so a light module of this package (the memory guard) does not import torch."""
 
 __all__ = [

@@ -14,7 +14,7 @@ from recbole.utils import ModelType
 
 from recbole_freq.config.configurator import get_model_class
 from recbole_freq.data.guard import check_prepared, inter_columns, inter_files
-from recbole_freq.model.layout import with_sequence_layout
+from recbole_freq.model.layout import builtin_class
 from recbole_freq.utils.files import check_writable
 from recbole_freq.utils.reproducibility import run_threads
 
@@ -88,7 +88,7 @@ def check_run_settings(config) -> None:
         problem = evaluation_mode_problem(mode, sequential)
         if problem:
             raise ValueError(f"{where} {problem}")
-    with_sequence_layout(get_model_class(config["model"]), config)  # refused in one line
+    builtin_class(get_model_class(config["model"]), config)  # refused in one line
     if config["log_wandb"]:
         import importlib.util
 

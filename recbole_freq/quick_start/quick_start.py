@@ -24,19 +24,18 @@ from recbole.utils import ModelType, dict2str, get_flops, init_logger, init_seed
 
 from recbole_freq.checkpoint.loader import weights_fingerprint
 from recbole_freq.compat.logs import current_log_file
-from recbole_freq.compat.trainer import saved_state
 from recbole_freq.config.configurator import FreqConfig, get_model_class
 from recbole_freq.data.guard import check_prepared, dataset_fingerprint
 from recbole_freq.data.noise import corrupt_training_data
-from recbole_freq.model.layout import with_sequence_layout
+from recbole_freq.model.abstract_recommender import TransformerRecommender
+from recbole_freq.model.layout import builtin_class
 from recbole_freq.protocol import (
     apply_protocol,
     protocol_record,
-    protocol_trainer,
+    trainer_for,
     use_protocol_negatives,
 )
 from recbole_freq.protocol.losses import training_loss_label
-from recbole_freq.protocol.sampled_scoring import use_full_sort_for_sampled_scoring
 from recbole_freq.quick_start.distributed import (
     DataParallelError,
     data_parallel_settings,
@@ -54,7 +53,6 @@ from recbole_freq.quick_start.preflight import (
     check_split_rows,
     extra_test_modes,
 )
-from recbole_freq.quick_start.recorder import TrainingRecorder
 from recbole_freq.quick_start.resume import (
     ResumeError,
     apply_resume_state,
@@ -167,14 +165,12 @@ def run_config(
     check_memory(config, recbole_dataset, logger, users_longest)
 
     model = new_model(config, train_data)
-    use_full_sort_for_sampled_scoring(model)
     logger.info(model)
     log_flops(config, model, recbole_dataset, logger)
-    trainer = protocol_trainer(config, model)
+    trainer = trainer_for(config, model)
     trainer.saved_model_file = checkpoint_file or unique_checkpoint_path(config)
-    recorder = TrainingRecorder(trainer)
-    recorder.run_start = start
-    resume_file = keep_resume_state(config, saved, trainer, recorder, loaders, resume_file, state)
+    trainer.run_start = start
+    resume_file = keep_resume_state(config, saved, trainer, loaders, resume_file, state)
 
     try:
         try:
@@ -182,7 +178,7 @@ def run_config(
                 train_data, valid_data, saved=saved, show_progress=config["show_progress"]
             )
         except KeyboardInterrupt as interrupt:
-            raise RunInterrupted(_interrupted_training(recorder, resume_file)) from interrupt
+            raise RunInterrupted(_interrupted_training(trainer, resume_file)) from interrupt
         test_result = trainer.evaluate(
             test_data, load_best_model=saved, show_progress=config["show_progress"]
         )
@@ -199,7 +195,7 @@ def run_config(
         "best_valid_result": dict(best_valid_result or {}),
         "test_result": dict(test_result),
     }
-    summary = run_summary(config, model, trainer, recorder, start, saved, results)
+    summary = run_summary(config, model, trainer, start, saved, results)
     if test_per_user is not None:
         # Per-user ranks let --compare test significance across users (compare.statistics).
         summary["test_per_user"] = test_per_user
@@ -207,8 +203,8 @@ def run_config(
         summary["extra_test_results"] = extra_test_results
     if train_data.noise_report:
         summary["noise"] = train_data.noise_report
-    # Optional model hook: what a model wants kept with the run (e.g. learned masks).
-    if callable(getattr(model, "run_summary", None)):
+    # What a plugin model keeps with the run (e.g. its learned masks).
+    if isinstance(model, TransformerRecommender):
         summary["model_report"] = model.run_summary()
     if saved and writing_rank(config):
         write_summary(summary, trainer.saved_model_file)
@@ -217,7 +213,7 @@ def run_config(
     return summary
 
 
-def keep_resume_state(config, saved, trainer, recorder, loaders, resume_file, state):
+def keep_resume_state(config, saved, trainer, loaders, resume_file, state):
     """The run's resume file (``resume``), written before each epoch, and the state it
     continues from, if any: the file it names, or the one beside its checkpoint.  A
     run that saves nothing, or a data-parallel one, keeps none (``None``)."""
@@ -225,9 +221,7 @@ def keep_resume_state(config, saved, trainer, recorder, loaders, resume_file, st
         resume_file = Path(resume_file or resume_file_for(trainer.saved_model_file))
         if state is None and resume_file.is_file():
             state = load_resume_state(resume_file)
-        recorder.before_epoch = lambda epoch: save_resume_state(
-            resume_file, trainer, recorder, loaders, epoch
-        )
+        trainer.before_epoch = lambda epoch: save_resume_state(resume_file, trainer, loaders, epoch)
     else:
         resume_file = None
     if state is not None:
@@ -238,16 +232,16 @@ def keep_resume_state(config, saved, trainer, recorder, loaders, resume_file, st
                 + "; ".join(differences[:3])
                 + "); delete it to start this run afresh"
             )
-        apply_resume_state(state, trainer, recorder, loaders)
+        apply_resume_state(state, trainer, loaders)
         logging.getLogger().info(f"resumed from {resume_file} at epoch {trainer.start_epoch}")
     return resume_file
 
 
-def run_summary(config, model, trainer, recorder, start: float, saved: bool, results) -> dict:
+def run_summary(config, model, trainer, start: float, saved: bool, results) -> dict:
     """What a run keeps of itself (``<checkpoint>.json``): its settings, ``results``
     (best validation and test), epochs, time, size and files."""
-    n_epochs = len(recorder.epochs)
-    best_state = saved_state(trainer) if saved else None
+    n_epochs = len(trainer.history)
+    best_state = trainer.best_in_memory if saved else None
     parallel = is_data_parallel(config)
     summary = {
         "model": config["model"],
@@ -260,14 +254,14 @@ def run_summary(config, model, trainer, recorder, start: float, saved: bool, res
         "valid_metric": config["valid_metric"],
         **results,
         "epochs_run": n_epochs,
-        "best_epoch": recorder.best_epoch,
+        "best_epoch": trainer.best_epoch,
         "stopped_early": n_epochs < config["epochs"],
-        "train_seconds_per_epoch": recorder.train_seconds / max(n_epochs, 1),
+        "train_seconds_per_epoch": trainer.train_seconds / max(n_epochs, 1),
         # A resumed run's total counts its earlier segments up to their last resume state.
-        "total_seconds": (recorder.earlier_seconds or 0.0) + time.perf_counter() - start,
-        "segments": recorder.segments,
+        "total_seconds": (trainer.earlier_seconds or 0.0) + time.perf_counter() - start,
+        "segments": trainer.segments,
         "total_seconds_covers": "every segment"
-        if recorder.earlier_seconds is not None
+        if trainer.earlier_seconds is not None
         else "the last segment only (resumed from a state that did not count earlier ones)",
         "parameters": sum(p.numel() for p in model.parameters()),
         "processes": int(config["world_size"]) if parallel else 1,
@@ -275,7 +269,7 @@ def run_summary(config, model, trainer, recorder, start: float, saved: bool, res
         "weights_sha256": weights_fingerprint(best_state["state_dict"]) if best_state else None,
         "log_file": current_log_file(),
         "dataset_sha256": config["dataset_sha256"],
-        "history": recorder.epochs,
+        "history": trainer.history,
         "config": {key: plain_value(config[key]) for key in config.final_config_dict},
     }
     return summary
@@ -299,8 +293,8 @@ def write_summary(summary: dict, checkpoint_file) -> None:
         raise kept from error
 
 
-def _interrupted_training(recorder, resume_file) -> str:
-    epoch = getattr(recorder, "current_epoch", 0)
+def _interrupted_training(trainer, resume_file) -> str:
+    epoch = trainer.current_epoch
     if resume_file is not None and Path(resume_file).is_file():
         done = "epoch 0 is" if epoch == 1 else f"epochs 0-{epoch - 1} are"
         return (
@@ -365,7 +359,7 @@ def build_model(config, dataset):
     and fail deep inside their constructors (FEARec with ``n_layers=1``, heads that do
     not divide the hidden size ...): any failure while building is one line naming the
     model and the failure, not a traceback."""
-    model_class = with_sequence_layout(get_model_class(config["model"]), config)
+    model_class = builtin_class(get_model_class(config["model"]), config)
     if config["model"] == "FEARec":
         check_fearec_delays(config)
     try:

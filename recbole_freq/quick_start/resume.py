@@ -6,7 +6,7 @@ At the start of every training epoch after the first, the run writes a *resume s
 - the model's weights and the optimizer's state,
 - RecBole's early-stopping state (``cur_step``, best validation score and result) and the
   best weights so far (the ones the test evaluation will load),
-- the recorder's per-epoch history,
+- the trainer's per-epoch history,
 - every random number generator: torch's (CPU and CUDA), numpy's, Python's, and the
   generators of RecBole's data loaders (which shuffle the training data),
 
@@ -76,13 +76,12 @@ def _set_rng_state(state: dict) -> None:
     random.setstate((state["python_version"], tuple(state["python_state"]), None))
 
 
-def save_resume_state(path, trainer, recorder, loaders, next_epoch: int) -> None:
+def save_resume_state(path, trainer, loaders, next_epoch: int) -> None:
     """Write the state before epoch ``next_epoch`` (all earlier epochs complete)."""
     from recbole_freq.checkpoint.schema import to_plain_checkpoint
-    from recbole_freq.compat.trainer import saved_state
     from recbole_freq.utils.files import write_atomic
 
-    best = saved_state(trainer)
+    best = trainer.best_in_memory
     state = {
         "format": RESUME_FORMAT,
         "config": trainer.config,
@@ -93,10 +92,10 @@ def save_resume_state(path, trainer, recorder, loaders, next_epoch: int) -> None
         "best_valid_score": trainer.best_valid_score,
         "best_valid_result": dict(trainer.best_valid_result or {}),
         "best_state": None if best is None else {"state_dict": best["state_dict"]},
-        "history": recorder.epochs,
-        "train_seconds": recorder.train_seconds,
-        "elapsed_seconds": elapsed_seconds(recorder),
-        "segments": recorder.segments,
+        "history": trainer.history,
+        "train_seconds": trainer.train_seconds,
+        "elapsed_seconds": elapsed_seconds(trainer),
+        "segments": trainer.segments,
         "rng": _rng_state(),
         "loader_generators": [loader.generator.get_state() for loader in loaders],
     }
@@ -104,14 +103,14 @@ def save_resume_state(path, trainer, recorder, loaders, next_epoch: int) -> None
     write_atomic(path, lambda handle: torch.save(plain, handle))
 
 
-def elapsed_seconds(recorder) -> float | None:
+def elapsed_seconds(trainer) -> float | None:
     """Wall seconds of the run so far, earlier segments included (``None`` when a
     segment's state predates the count)."""
     import time
 
-    if recorder.earlier_seconds is None:
+    if trainer.earlier_seconds is None:
         return None
-    return recorder.earlier_seconds + time.perf_counter() - recorder.run_start
+    return trainer.earlier_seconds + time.perf_counter() - trainer.run_start
 
 
 def load_resume_state(path) -> dict:
@@ -127,8 +126,8 @@ def load_resume_state(path) -> dict:
     return state
 
 
-def apply_resume_state(state: dict, trainer, recorder, loaders) -> None:
-    """Put ``trainer``, ``recorder`` and the loaders where the saved run stood; the random
+def apply_resume_state(state: dict, trainer, loaders) -> None:
+    """Put ``trainer`` and the loaders where the saved run stood; the random
     generators last, right before ``fit`` continues.
 
     The trainer keeps the checkpoint file its caller chose (``trainer.saved_model_file``,
@@ -144,10 +143,10 @@ def apply_resume_state(state: dict, trainer, recorder, loaders) -> None:
     trainer.best_valid_result = state["best_valid_result"] or None
     if state["best_state"] is not None:
         _save_best_so_far(trainer, state["best_state"]["state_dict"], state)
-    recorder.epochs[:] = state["history"]
-    recorder.train_seconds = state["train_seconds"]
-    recorder.earlier_seconds = state.get("elapsed_seconds")
-    recorder.segments = int(state.get("segments", 1)) + 1
+    trainer.history[:] = state["history"]
+    trainer.train_seconds = state["train_seconds"]
+    trainer.earlier_seconds = state.get("elapsed_seconds")
+    trainer.segments = int(state.get("segments", 1)) + 1
     if len(loaders) != len(state["loader_generators"]):
         raise ResumeError("the resume state was written for other data loaders")
     for loader, generator_state in zip(loaders, state["loader_generators"]):

@@ -139,9 +139,13 @@ class EncoderProbe:
         self.model = model
         self.handles = []
         self.reset()
-        if hasattr(model, "encoder") and hasattr(model.encoder, "blocks"):
+        from recbole.model.layers import TransformerEncoder as RecboleTransformerEncoder
+
+        from recbole_freq.model.abstract_recommender import TransformerRecommender
+
+        if isinstance(model, TransformerRecommender):
             self.family, layers = "core", list(model.encoder.blocks)
-        elif hasattr(model, "trm_encoder") and hasattr(model.trm_encoder, "layer"):
+        elif isinstance(getattr(model, "trm_encoder", None), RecboleTransformerEncoder):
             self.family, layers = "recbole", list(model.trm_encoder.layer)
         else:
             raise ValueError(
@@ -346,32 +350,13 @@ def analyse_model(model, batches, max_sequences: int = DEFAULT_MAX_SEQUENCES, ch
 
 
 def model_specific(model, batches) -> dict:
-    """What a model exposes about itself: BSARec beta, Rec-Denoiser masks, PolyRec orders."""
-    extra = {}
-    if callable(getattr(model, "learned_beta", None)):
-        extra["bsarec_beta"] = [beta.tolist() for beta in model.learned_beta()]
-    masks = model.learned_masks() if callable(getattr(model, "learned_masks", None)) else []
-    if masks:  # only models with denoise masks have entries
-        extra["rec_denoiser_masks"] = [
-            {
-                "layer": entry["layer"] + 1,
-                "pruned_fraction": float(entry["pruned_fraction"]),
-                "prediction_row_pruned_fraction": float(entry["prediction_row_pruned_fraction"]),
-                "mask": entry["mask"].numpy().round(4).tolist(),
-            }
-            for entry in masks
-        ]
-    if callable(getattr(model, "order_contributions", None)):
-        try:
-            contributions = model.order_contributions(batches)
-        except ValueError:  # PolyRec without polynomial attention: nothing to show
-            contributions = None
-        if contributions is not None:
-            extra["polyrec_order_contributions"] = contributions.tolist()
-            extra["polyrec_coefficients"] = [
-                weights.tolist() for weights in model.polynomial_coefficients()
-            ]
-    return extra
+    """What a plugin model reports of itself (``analysis_report``): BSARec's beta,
+    Rec-Denoiser's masks, PolyRec's orders; nothing for RecBole's models."""
+    from recbole_freq.model.abstract_recommender import TransformerRecommender
+
+    if isinstance(model, TransformerRecommender):
+        return model.analysis_report(batches)
+    return {}
 
 
 # --- checkpoints ------------------------------------------------------------------------

@@ -43,6 +43,56 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
     with the state it had there; one that ASHA stops is tested from its checkpoint
     afterwards (``test_stopped_trial``).
     """
+    from ray import tune
+
+    from recbole_freq.protocol import protocol_label
+    from recbole_freq.quick_start.quick_start import evaluate_extra_test_modes
+    from recbole_freq.quick_start.resume import save_resume_state
+
+    config, dataset, loaders, trainer = _trial_trainer(params, job, shared_dataset)
+    train_data, valid_data, test_data = loaders
+
+    def report_epoch(epoch_idx, valid_score):
+        # After RecBole's early-stopping bookkeeping of the epoch: the state saved is the
+        # one the next epoch starts from, best weights included.
+        epoch = trainer.history[-1]
+        metrics = {
+            "valid_score": epoch["valid_score"],
+            "epoch": epoch["epoch"],
+            "train_loss": epoch["train_loss"],
+            **{f"valid_{key}": float(value) for key, value in epoch["valid"].items()},
+        }
+        with tempfile.TemporaryDirectory() as folder:
+            save_resume_state(Path(folder) / TRIAL_STATE, trainer, loaders, epoch_idx + 1)
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
+
+    best_valid_score, best_valid_result = trainer.fit(
+        train_data, valid_data, saved=True, show_progress=False, callback_fn=report_epoch
+    )
+    test_result = trainer.evaluate(test_data, load_best_model=True, show_progress=False)
+    extra = evaluate_extra_test_modes(config, dataset, loaders, trainer, True)
+    final = {
+        "final": True,
+        "protocol": protocol_label(config),
+        "valid_score": float(best_valid_score),
+        "best_epoch": trainer.best_epoch,
+        "epochs_run": len(trainer.history),
+        "device": str(config["device"]),
+        "checkpoint_file": trainer.saved_model_file,
+        "shared_dataset": shared_dataset is not None,
+        **{f"valid_{key}": float(value) for key, value in (best_valid_result or {}).items()},
+        **{f"test_{key}": float(value) for key, value in test_result.items()},
+    }
+    for mode, result in extra.items():
+        final.update({f"test_{mode}_{key}": float(value) for key, value in result.items()})
+    tune.report(final)
+
+
+def _trial_trainer(params: dict, job: dict, shared_dataset):
+    """``(config, dataset, loaders, trainer)`` of one trial: its configuration (the job's
+    fixed settings, the trial's parameters, the devices Ray gave it), its data (the
+    driver's shared copy, or loaded here), and a trainer that continues from the trial's
+    Ray checkpoint when Ray restores it."""
     import ray
     from ray import tune
     from recbole.data import create_dataset
@@ -50,21 +100,17 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
 
     from recbole_freq.config.configurator import FreqConfig
     from recbole_freq.data.guard import check_prepared, dataset_fingerprint
-    from recbole_freq.protocol import protocol_label, protocol_trainer
-    from recbole_freq.protocol.sampled_scoring import use_full_sort_for_sampled_scoring
+    from recbole_freq.protocol import trainer_for
     from recbole_freq.quick_start.quick_start import (
-        evaluate_extra_test_modes,
         load_splits,
         log_flops,
         new_model,
         unique_checkpoint_path,
     )
-    from recbole_freq.quick_start.recorder import TrainingRecorder
     from recbole_freq.quick_start.resume import (
         ResumeError,
         apply_resume_state,
         load_resume_state,
-        save_resume_state,
         settings_differences,
     )
 
@@ -92,18 +138,15 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
         dataset = shared_dataset
         dataset.config = config
     users_longest = longest_history(dataset)
-    _, (train_data, valid_data, test_data) = load_splits(config, dataset)
+    _, loaders = load_splits(config, dataset)
     check_memory(config, dataset, users_longest=users_longest)
 
-    model = new_model(config, train_data)
-    use_full_sort_for_sampled_scoring(model)
+    model = new_model(config, loaders[0])
     # As `run` does: the count draws random numbers (dropout, BERT4Rec's masking), so a
     # trial trains exactly as a run of its configuration (best.yaml) does.
     log_flops(config, model, dataset, logging.getLogger())
-    trainer = protocol_trainer(config, model)
+    trainer = trainer_for(config, model)
     trainer.saved_model_file = unique_checkpoint_path(config)
-    recorder = TrainingRecorder(trainer)
-    loaders = (train_data, valid_data, test_data)
     restored = tune.get_checkpoint()
     if restored is not None:
         with restored.as_directory() as folder:
@@ -115,44 +158,8 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
                 + "; ".join(differences[:3])
                 + ")"
             )
-        apply_resume_state(state, trainer, recorder, loaders)
-
-    def report_epoch(epoch_idx, valid_score):
-        # After RecBole's early-stopping bookkeeping of the epoch: the state saved is the
-        # one the next epoch starts from, best weights included.
-        epoch = recorder.epochs[-1]
-        metrics = {
-            "valid_score": epoch["valid_score"],
-            "epoch": epoch["epoch"],
-            "train_loss": epoch["train_loss"],
-            **{f"valid_{key}": float(value) for key, value in epoch["valid"].items()},
-        }
-        with tempfile.TemporaryDirectory() as folder:
-            save_resume_state(Path(folder) / TRIAL_STATE, trainer, recorder, loaders, epoch_idx + 1)
-            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
-
-    best_valid_score, best_valid_result = trainer.fit(
-        train_data, valid_data, saved=True, show_progress=False, callback_fn=report_epoch
-    )
-    test_result = trainer.evaluate(test_data, load_best_model=True, show_progress=False)
-    extra = evaluate_extra_test_modes(
-        config, dataset, (train_data, valid_data, test_data), trainer, True
-    )
-    final = {
-        "final": True,
-        "protocol": protocol_label(config),
-        "valid_score": float(best_valid_score),
-        "best_epoch": recorder.best_epoch,
-        "epochs_run": len(recorder.epochs),
-        "device": str(config["device"]),
-        "checkpoint_file": trainer.saved_model_file,
-        "shared_dataset": shared_dataset is not None,
-        **{f"valid_{key}": float(value) for key, value in (best_valid_result or {}).items()},
-        **{f"test_{key}": float(value) for key, value in test_result.items()},
-    }
-    for mode, result in extra.items():
-        final.update({f"test_{mode}_{key}": float(value) for key, value in result.items()})
-    tune.report(final)
+        apply_resume_state(state, trainer, loaders)
+    return config, dataset, loaders, trainer
 
 
 def test_stopped_trial(checkpoint) -> dict:
@@ -160,7 +167,7 @@ def test_stopped_trial(checkpoint) -> dict:
     that ASHA stopped, from the best weights in its last Ray checkpoint, evaluated here as
     the trial would have at its end; ``best_epoch``: the epoch those weights are from."""
     from recbole_freq.checkpoint.loader import in_one_process
-    from recbole_freq.protocol import protocol_label, protocol_trainer
+    from recbole_freq.protocol import protocol_label, trainer_for
     from recbole_freq.quick_start.quick_start import (
         evaluate_extra_test_modes,
         load_splits,
@@ -183,7 +190,7 @@ def test_stopped_trial(checkpoint) -> dict:
     dataset, loaders = load_splits(config)
     model = new_model(config, loaders[0])
     model.load_state_dict(state["best_state"]["state_dict"])
-    trainer = protocol_trainer(config, model)
+    trainer = trainer_for(config, model)
     test_result = trainer.evaluate(loaders[2], load_best_model=False, show_progress=False)
     extra = evaluate_extra_test_modes(config, dataset, loaders, trainer, False)
     tested = {"protocol": protocol_label(config)}

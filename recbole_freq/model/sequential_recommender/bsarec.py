@@ -51,3 +51,8 @@ class BSARec(TransformerRecommender):
     def learned_beta(self) -> list[torch.Tensor]:
         """Per layer, the learned high-frequency scale beta (Fig. 7a): D values or one."""
         return [block.mixer.rescaler.beta.detach().cpu() for block in self.encoder.blocks]
+
+    def analysis_report(self, batches) -> dict:
+        """``--analyze``: the learned beta of every layer (Fig. 7a)."""
+        beta = [value.tolist() for value in self.learned_beta()]
+        return {"bsarec_beta": beta, **super().analysis_report(batches)}

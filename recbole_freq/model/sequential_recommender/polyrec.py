@@ -150,6 +150,22 @@ class PolyRec(TransformerRecommender):
             self.train(was_training)
         return result
 
+    def analysis_report(self, batches) -> dict:
+        """``--analyze``: each order's contribution per layer and the learned coefficients
+        (section 4.5, Fig. 6)."""
+        return {**super().analysis_report(batches), **_polyrec_analysis(self, batches)}
+
+
+def _polyrec_analysis(model, batches) -> dict:
+    try:
+        contributions = model.order_contributions(batches)
+    except ValueError:  # PolyRec without polynomial attention: nothing to show
+        return {}
+    return {
+        "polyrec_order_contributions": contributions.tolist(),
+        "polyrec_coefficients": [w.tolist() for w in model.polynomial_coefficients()],
+    }
+
 
 def _batches(data) -> Iterable:
     if hasattr(data, "interaction"):  # a single RecBole Interaction
