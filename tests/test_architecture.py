@@ -13,11 +13,21 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("dataset_prep", "recbole_freq")
-MAX_MODULE_LINES = 500
+# A function says one step; a longer one is split into named steps.  The functions
+# written before this limit that are still longer are listed with the length they may
+# not exceed; each is removed from the list when it is split (the list only shrinks).
+MAX_FUNCTION_LINES = 80
+LONGER_FUNCTIONS_TO_SPLIT = {
+    "dataset_prep.pipeline:convert": 106,
+    "recbole_freq.jobs.compare.tables:markdown_table": 100,
+    "recbole_freq.data.noise:corrupt_sequences": 97,
+    "recbole_freq.model.encoder:build_encoder": 95,
+    "dataset_prep.procedure:prepare": 94,
+    "recbole_freq.jobs.analyze.measures:analyse_model": 91,
+    "dataset_prep.cli:build_parser": 82,
+}
 
 # Bottom first.  A module belongs to the layer naming its longest prefix; it may import
 # its own layer and those below, never one above.
@@ -191,14 +201,47 @@ def test_no_module_imports_a_layer_above_its_own():
     assert upward_imports(import_graph()) == []
 
 
-@pytest.mark.parametrize("package", PACKAGES)
-def test_no_module_is_longer_than_500_lines(package):
-    lines = {
-        name: len(path.read_text(encoding="utf-8").splitlines())
-        for name, path in module_files().items()
-        if name.split(".")[0] == package
+def function_lengths(root: Path = REPO_ROOT) -> dict[str, int]:
+    """``module:function`` (``module:Class.method``) -> lines, for every function of
+    ``PACKAGES``, nested ones counted within the function that holds them."""
+    lengths = {}
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lengths[f"{prefix}{child.name}"] = child.end_lineno - child.lineno + 1
+
+    for module, path in module_files(root).items():
+        visit(ast.parse(path.read_text(encoding="utf-8")), f"{module}:")
+    return lengths
+
+
+def test_the_length_check_sees_methods_and_nested_functions(tmp_path):
+    package = tmp_path / "recbole_freq"
+    package.mkdir()
+    (tmp_path / "dataset_prep").mkdir()
+    body = "\n".join(f"        x{i} = {i}" for i in range(3))
+    (package / "m.py").write_text(
+        f"class A:\n    def f(self):\n{body}\n\n        def inner():\n            pass\n"
+    )
+    assert function_lengths(tmp_path) == {"recbole_freq.m:A.f": 7}
+
+
+def test_no_function_is_longer_than_80_lines():
+    lengths = function_lengths()
+    longer = {
+        name: n
+        for name, n in lengths.items()
+        if n > MAX_FUNCTION_LINES and n > LONGER_FUNCTIONS_TO_SPLIT.get(name, 0)
     }
-    assert {name: n for name, n in lines.items() if n > MAX_MODULE_LINES} == {}
+    assert longer == {}
+    # The list names only functions that exist and are still too long.
+    split = [
+        name for name in LONGER_FUNCTIONS_TO_SPLIT if lengths.get(name, 0) <= MAX_FUNCTION_LINES
+    ]
+    assert split == []
 
 
 def test_readme_draws_the_layers_in_this_order():

@@ -25,7 +25,9 @@ def _save_figure(figure, path: Path) -> None:
 
 def write_figures(results: list[dict], out: Path, written: list | None = None) -> list[str]:
     """PNG figures of one or more analysed checkpoints; returns the file names, which are
-    also appended to ``written`` as each file is complete (what a failure left behind)."""
+    also appended to ``written`` as each file is complete (what a failure left behind).
+    Each figure is drawn by its own function (``FIGURES``); one that has nothing to show
+    (no BSARec beta among the results, ...) is left out."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -33,7 +35,15 @@ def write_figures(results: list[dict], out: Path, written: list | None = None) -
 
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     written = [] if written is None else written
+    for name, draw in FIGURES:
+        figure = draw(plt, results, colors)
+        if figure is not None:
+            _save_figure(figure, out / name)
+            written.append(name)
+    return written
 
+
+def _spectral_response(plt, results, colors):
     n_layers = max(len(r["attention_layers"]) for r in results)
     figure, axes = plt.subplots(
         1, n_layers, figsize=(4 * n_layers, 3.4), squeeze=False, sharey=True
@@ -62,9 +72,10 @@ def write_figures(results: list[dict], out: Path, written: list | None = None) -
     axes[0, 0].set_ylabel("|M f_k| / |f_k|")
     axes[0, 0].legend(fontsize=7)
     figure.suptitle("Spectral response of the attention matrices (BSARec Fig. 2b)", y=1.03)
-    _save_figure(figure, out / "spectral_response.png")
-    written.append("spectral_response.png")
+    return figure
 
+
+def _oversmoothing(plt, results, colors):
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
     for number, result in enumerate(results):
         color = colors[number % len(colors)]
@@ -90,9 +101,10 @@ def write_figures(results: list[dict], out: Path, written: list | None = None) -
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7)
     figure.suptitle("Over-smoothing (BSARec Fig. 3)")
-    _save_figure(figure, out / "oversmoothing.png")
-    written.append("oversmoothing.png")
+    return figure
 
+
+def _frequency_energy(plt, results, colors):
     figure, axis = plt.subplots(figsize=(5, 3.6))
     for number, result in enumerate(results):
         reps = result["representations"]
@@ -105,67 +117,80 @@ def write_figures(results: list[dict], out: Path, written: list | None = None) -
     axis.set_title("Energy outside / inside the DC bin (Theorem 1)")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7)
-    _save_figure(figure, out / "frequency_energy.png")
-    written.append("frequency_energy.png")
+    return figure
 
+
+def _bsarec_beta(plt, results, colors):
     with_beta = [r for r in results if r.get("bsarec_beta")]
-    if with_beta:
-        figure, axes = plt.subplots(
-            len(with_beta),
-            1,
-            figsize=(8, 1.2 + 1.0 * sum(len(r["bsarec_beta"]) for r in with_beta)),
-            squeeze=False,
-        )
-        for axis, result in zip(axes[:, 0], with_beta):
-            image = axis.imshow(np.asarray(result["bsarec_beta"]), aspect="auto", cmap="viridis")
-            axis.set_title(f"{result['label']}: learned beta (Fig. 7a)")
-            axis.set_xlabel("hidden dimension")
-            axis.set_ylabel("layer")
-            axis.set_yticks(range(len(result["bsarec_beta"])))
-            axis.set_yticklabels(range(1, len(result["bsarec_beta"]) + 1))
-            figure.colorbar(image, ax=axis)
-        _save_figure(figure, out / "bsarec_beta.png")
-        written.append("bsarec_beta.png")
+    if not with_beta:
+        return None
+    figure, axes = plt.subplots(
+        len(with_beta),
+        1,
+        figsize=(8, 1.2 + 1.0 * sum(len(r["bsarec_beta"]) for r in with_beta)),
+        squeeze=False,
+    )
+    for axis, result in zip(axes[:, 0], with_beta):
+        image = axis.imshow(np.asarray(result["bsarec_beta"]), aspect="auto", cmap="viridis")
+        axis.set_title(f"{result['label']}: learned beta (Fig. 7a)")
+        axis.set_xlabel("hidden dimension")
+        axis.set_ylabel("layer")
+        axis.set_yticks(range(len(result["bsarec_beta"])))
+        axis.set_yticklabels(range(1, len(result["bsarec_beta"]) + 1))
+        figure.colorbar(image, ax=axis)
+    return figure
 
+
+def _rec_denoiser_masks(plt, results, colors):
     with_masks = [r for r in results if r.get("rec_denoiser_masks")]
-    if with_masks:
-        n_cols = max(len(r["rec_denoiser_masks"]) for r in with_masks)
-        figure, axes = plt.subplots(
-            len(with_masks), n_cols, figsize=(3.6 * n_cols, 3.4 * len(with_masks)), squeeze=False
-        )
-        for row, result in enumerate(with_masks):
-            for column, entry in enumerate(result["rec_denoiser_masks"]):
-                mask = np.asarray(entry["mask"]).mean(0)  # average over heads
-                image = axes[row, column].imshow(mask, vmin=0, vmax=1, cmap="magma")
-                axes[row, column].set_title(
-                    f"layer {entry['layer']}, pruned {entry['pruned_fraction']:.1%}", fontsize=9
-                )
-                axes[row, column].set_xlabel("key (n-1 = latest)")
-                # The checkpoint's name once per row, wrapped: side by side, long names
-                # in every title ran into each other.
-                if column == 0:
-                    name = "\n".join(textwrap.wrap(result["label"], 28))
-                    axes[row, column].set_ylabel(f"{name}\nquery", fontsize=8)
-            figure.colorbar(image, ax=axes[row, :].tolist())
-        _save_figure(figure, out / "rec_denoiser_masks.png")
-        written.append("rec_denoiser_masks.png")
+    if not with_masks:
+        return None
+    n_cols = max(len(r["rec_denoiser_masks"]) for r in with_masks)
+    figure, axes = plt.subplots(
+        len(with_masks), n_cols, figsize=(3.6 * n_cols, 3.4 * len(with_masks)), squeeze=False
+    )
+    for row, result in enumerate(with_masks):
+        for column, entry in enumerate(result["rec_denoiser_masks"]):
+            mask = np.asarray(entry["mask"]).mean(0)  # average over heads
+            image = axes[row, column].imshow(mask, vmin=0, vmax=1, cmap="magma")
+            axes[row, column].set_title(
+                f"layer {entry['layer']}, pruned {entry['pruned_fraction']:.1%}", fontsize=9
+            )
+            axes[row, column].set_xlabel("key (n-1 = latest)")
+            # The checkpoint's name once per row, wrapped: side by side, long names
+            # in every title ran into each other.
+            if column == 0:
+                name = "\n".join(textwrap.wrap(result["label"], 28))
+                axes[row, column].set_ylabel(f"{name}\nquery", fontsize=8)
+        figure.colorbar(image, ax=axes[row, :].tolist())
+    return figure
 
+
+def _polyrec_orders(plt, results, colors):
     with_orders = [r for r in results if r.get("polyrec_order_contributions")]
-    if with_orders:
-        figure, axes = plt.subplots(
-            1, len(with_orders), figsize=(5 * len(with_orders), 3.4), squeeze=False
-        )
-        for axis, result in zip(axes[0], with_orders):
-            values = np.asarray(result["polyrec_order_contributions"])
-            width = 0.8 / values.shape[0]
-            for layer, row in enumerate(values):
-                axis.bar(
-                    np.arange(len(row)) + layer * width, row, width, label=f"layer {layer + 1}"
-                )
-            axis.set_xlabel("Chebyshev order k")
-            axis.set_ylabel("mean |w_k T_k(A) V| per token")
-            axis.set_title(f"{result['label']}: per-order contribution (section 4.5)", fontsize=9)
-            axis.legend(fontsize=7)
-        _save_figure(figure, out / "polyrec_orders.png")
-        written.append("polyrec_orders.png")
-    return written
+    if not with_orders:
+        return None
+    figure, axes = plt.subplots(
+        1, len(with_orders), figsize=(5 * len(with_orders), 3.4), squeeze=False
+    )
+    for axis, result in zip(axes[0], with_orders):
+        values = np.asarray(result["polyrec_order_contributions"])
+        width = 0.8 / values.shape[0]
+        for layer, row in enumerate(values):
+            axis.bar(np.arange(len(row)) + layer * width, row, width, label=f"layer {layer + 1}")
+        axis.set_xlabel("Chebyshev order k")
+        axis.set_ylabel("mean |w_k T_k(A) V| per token")
+        axis.set_title(f"{result['label']}: per-order contribution (section 4.5)", fontsize=9)
+        axis.legend(fontsize=7)
+    return figure
+
+
+# The figures in the order they are written: file name, drawing function.
+FIGURES = [
+    ("spectral_response.png", _spectral_response),
+    ("oversmoothing.png", _oversmoothing),
+    ("frequency_energy.png", _frequency_energy),
+    ("bsarec_beta.png", _bsarec_beta),
+    ("rec_denoiser_masks.png", _rec_denoiser_masks),
+    ("polyrec_orders.png", _polyrec_orders),
+]

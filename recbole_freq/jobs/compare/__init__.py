@@ -20,6 +20,8 @@ were made with the same dataset, config files and overrides.  Outputs:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from recbole_freq.jobs.compare.runs import (
@@ -212,6 +214,44 @@ def _parse_seeds(seeds) -> list[int]:
     return values
 
 
+@dataclass
+class Comparison:
+    """A comparison's settings, checked (``compare``'s parameters) and what follows from
+    them before anything is trained: the entries (a model under each protocol), the paper
+    settings, the validated configurations and expected protocol labels, the metrics."""
+
+    models: list[str]
+    dataset: str
+    seeds: list[int]
+    config_files: list
+    overrides: dict
+    out: Path
+    baselines: list[str]
+    protocols: list[str] | None
+    mixed_protocols: bool
+    paper: bool
+    correction: str
+    use_ray: bool  # False: trained one after the other in this process
+    ray_options: dict
+    log: Callable
+    paper_models: list[str] = field(default_factory=list)
+    references: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)
+    configs: dict = field(default_factory=dict)
+    expected_labels: dict = field(default_factory=dict)
+    metrics: list[str] = field(default_factory=list)
+
+    @property
+    def entries(self) -> list[str]:
+        return [entry_name(m, p) for m in self.models for p in (self.protocols or [None])]
+
+    @property
+    def ordered(self) -> list[str]:
+        """Baselines first, as in the papers' tables; given order within each group."""
+        models, baselines = self.models, self.baselines
+        return [m for m in models if m in baselines] + [m for m in models if m not in baselines]
+
+
 def compare(
     models,
     dataset: str,
@@ -250,21 +290,64 @@ def compare(
     beside the across-seed paired t-test.
     Returns ``rows`` (one dict per model, as in ``comparison.csv``), ``markdown``,
     ``files``, and the ``trained`` and ``skipped`` (model, seed) pairs.
+
+    The steps: check the request (``checked_request``), validate every configuration
+    (``plan``), train what is not stored (``train_missing``), table the runs
+    (``tabulate``) and write the files (``write_comparison``).
     """
+    ray_options = dict(address=ray_address, cpus_per_run=cpus_per_run, gpus_per_run=gpus_per_run)
+    comparison = checked_request(
+        Comparison(
+            models, dataset, seeds, config_files, overrides, out, baselines, protocols,
+            mixed_protocols, paper, correction, use_ray, ray_options, log,
+        ),
+        metrics,
+    )  # fmt: skip
+    plan(comparison, metrics)
+    out = comparison.out
+    check_writable(out, "--out")
+    lock = lock_out_dir(out)  # two comparisons into one folder would mix their runs
+    try:
+        check_out_dir(out, comparison.settings)
+        trained, skipped = train_missing(comparison)
+        records = {
+            (e, s): load_run(run_file(out, e, s))
+            for e in comparison.entries
+            for s in comparison.seeds
+        }
+        rows, plot_rows, markdown = tabulate(comparison, records)
+        files = write_comparison(comparison, records, rows, plot_rows, markdown)
+        return {
+            "rows": rows,
+            "markdown": markdown,
+            "files": files,
+            "trained": trained,
+            "skipped": skipped,
+            "metrics": comparison.metrics,
+            "baselines": [m for m in comparison.ordered if m in comparison.baselines],
+        }
+    finally:
+        lock.release()
+
+
+def checked_request(comparison: Comparison, metrics) -> Comparison:
+    """``comparison`` with its lists parsed and each part checked, in the order a user
+    would fix them; ``ComparisonError`` (or the model and protocol errors) names the
+    first problem."""
     from recbole_freq.config.configurator import get_model_class
 
-    if correction not in CORRECTIONS:
-        raise ComparisonError(f"--correction {correction!r}: choose holm or bh")
-    models = _parse_list(models, "--compare")
-    seeds = _parse_seeds(seeds)
-    overrides = dict(overrides or {})
-    if protocols is not None:
-        protocols = _parse_list(protocols, "--protocols")
+    if comparison.correction not in CORRECTIONS:
+        raise ComparisonError(f"--correction {comparison.correction!r}: choose holm or bh")
+    models = comparison.models = _parse_list(comparison.models, "--compare")
+    comparison.seeds = _parse_seeds(comparison.seeds)
+    overrides = comparison.overrides = dict(comparison.overrides or {})
+    if comparison.protocols is not None:
+        comparison.protocols = _parse_list(comparison.protocols, "--protocols")
         if "protocol" in overrides:
             raise ComparisonError(
                 "give the protocol once: --protocols for several, or --protocol for one"
             )
-        for protocol in protocols:
+        for protocol in comparison.protocols:
             protocol_file(protocol)  # ProtocolError names the protocols
     reserved = [key for key in RESERVED_OVERRIDES if key in overrides]
     if reserved:
@@ -274,44 +357,58 @@ def compare(
         )
     for model in models:
         get_model_class(split_entry(model)[0])  # UnknownModelError names the known models
-        check_loss_variant(model, protocols)
-    if baselines is None:
+        check_loss_variant(model, comparison.protocols)
+    if comparison.baselines is None:
         names = {model: split_entry(model)[0] for model in models}
-        baselines = [m for m in models if names[m] not in MODELS or names[m] in BASELINES]
+        comparison.baselines = [
+            m for m in models if names[m] not in MODELS or names[m] in BASELINES
+        ]
     else:
-        baselines = _parse_list(baselines, "--baselines")
-        unknown = [model for model in baselines if model not in models]
+        comparison.baselines = _parse_list(comparison.baselines, "--baselines")
+        unknown = [model for model in comparison.baselines if model not in models]
         if unknown:
             raise ComparisonError(
                 f"baseline(s) {', '.join(unknown)} are not among the compared models "
                 f"({', '.join(models)})"
             )
-    if not use_ray and (cpus_per_run != 1.0 or gpus_per_run != 0.0 or ray_address):
+    ray = comparison.ray_options
+    if not comparison.use_ray and (
+        ray["cpus_per_run"] != 1.0 or ray["gpus_per_run"] != 0.0 or ray["address"]
+    ):
         raise ComparisonError("--cpus_per_run, --gpus_per_run and --ray_address need --ray")
-    if cpus_per_run <= 0 or gpus_per_run < 0:
+    if ray["cpus_per_run"] <= 0 or ray["gpus_per_run"] < 0:
         raise ComparisonError("--cpus_per_run must be > 0 and --gpus_per_run >= 0")
-    out = Path(out) if out is not None else Path("comparisons") / dataset
-    config_files = list(config_files or [])
+    if comparison.out is None:
+        comparison.out = Path("comparisons") / comparison.dataset
+    comparison.out = Path(comparison.out)
+    comparison.config_files = list(comparison.config_files or [])
+    return comparison
 
-    paper_models, references = (
-        _paper_models(models, dataset, overrides, protocols, mixed_protocols) if paper else ([], {})
-    )
-    settings = run_settings(dataset, config_files, overrides)
-    if protocols is not None:
-        settings["protocols"] = protocols
-    if paper:
-        settings["paper"] = True
-    if references:
-        settings["paper_references"] = references
-        for model in references:
-            log(f"--paper: {model} gets the backbone settings of its denoiser's paper file")
-    configs, expected_labels = validate(
-        models, dataset, config_files, overrides, seeds, protocols or [None], paper_models,
-        references,
+
+def plan(comparison: Comparison, metrics) -> None:
+    """The paper settings, the run settings stored with the runs, every configuration
+    validated (``runs.validate``) and the metrics of the tables."""
+    c = comparison
+    if c.paper:
+        c.paper_models, c.references = _paper_models(
+            c.models, c.dataset, c.overrides, c.protocols, c.mixed_protocols
+        )
+    c.settings = run_settings(c.dataset, c.config_files, c.overrides)
+    if c.protocols is not None:
+        c.settings["protocols"] = c.protocols
+    if c.paper:
+        c.settings["paper"] = True
+    if c.references:
+        c.settings["paper_references"] = c.references
+        for model in c.references:
+            c.log(f"--paper: {model} gets the backbone settings of its denoiser's paper file")
+    c.configs, c.expected_labels = validate(
+        c.models, c.dataset, c.config_files, c.overrides, c.seeds, c.protocols or [None],
+        c.paper_models, c.references,
     )  # fmt: skip
-    config = next(iter(configs.values()))
+    config = next(iter(c.configs.values()))
     parallel = data_parallel_settings(config)
-    if use_ray and parallel is not None:
+    if c.use_ray and parallel is not None:
         raise ComparisonError(
             "--ray runs the comparison's trainings side by side, one process each; nproc "
             "and world_size (data-parallel training) work without --ray"
@@ -322,102 +419,97 @@ def compare(
             "this machine's processes (nproc alone): train each model with "
             f"{invoked_command()} on every machine instead"
         )
-    metrics = choose_metrics(None if metrics is None else _parse_list(metrics, "--metrics"), config)
-    check_writable(out, "--out")
-    lock = lock_out_dir(out)  # two comparisons into one folder would mix their runs
+    c.metrics = choose_metrics(
+        None if metrics is None else _parse_list(metrics, "--metrics"), config
+    )
+
+
+def train_missing(comparison: Comparison) -> tuple[list, list]:
+    """Train the (entry, seed) runs not yet stored in the output folder; returns the
+    ``trained`` and the ``skipped`` ones.  An interrupt says what is kept."""
+    c, out = comparison, comparison.out
+    entries, seeds = c.entries, c.seeds
+    for line in stored_label_differences(out, entries, seeds, c.expected_labels):
+        c.log(f"note: {line}")
+    jobs = [(e, s) for e in entries for s in seeds if not run_file(out, e, s).is_file()]
+    skipped = [(e, s) for e in entries for s in seeds if (e, s) not in jobs]
+    if skipped:
+        c.log(f"{len(skipped)} run(s) already stored in {out / 'runs'}: skipped")
     try:
-        check_out_dir(out, settings)
-
-        entries = [entry_name(m, p) for m in models for p in (protocols or [None])]
-        for line in stored_label_differences(out, entries, seeds, expected_labels):
-            log(f"note: {line}")
-        jobs = [(e, s) for e in entries for s in seeds if not run_file(out, e, s).is_file()]
-        skipped = [(e, s) for e in entries for s in seeds if (e, s) not in jobs]
-        if skipped:
-            log(f"{len(skipped)} run(s) already stored in {out / 'runs'}: skipped")
-        try:
-            if jobs and use_ray:
-                ray_options = dict(
-                    address=ray_address, cpus_per_run=cpus_per_run, gpus_per_run=gpus_per_run
-                )
-                trained = run_on_ray(
-                    jobs, dataset, config_files, overrides, out, settings, log, ray_options, models,
-                    paper_models, references,
-                )  # fmt: skip
-            elif jobs:
-                trained = run_sequential(
-                    jobs, dataset, config_files, overrides, out, settings, log, tuple(models),
-                    paper_models, references,
-                )  # fmt: skip
-            else:
-                trained = []
-        except KeyboardInterrupt as interrupt:
-            from recbole_freq.utils.signals import RunInterrupted
-
-            stored = sum(run_file(out, e, s).is_file() for e in entries for s in seeds)
-            partial = sorted((out / "partial").glob("*.resume.pth"))
-            kept = f"{stored} of {len(entries) * len(seeds)} runs are stored in {out / 'runs'}"
-            if partial:
-                kept += f"; the unfinished run keeps its completed epochs in {partial[0]}"
-            raise RunInterrupted(kept) from interrupt
-
-        records = {(e, s): load_run(run_file(out, e, s)) for e in entries for s in seeds}
-        # Baselines first, as in the papers' tables; given order within each group.
-        ordered = [m for m in models if m in baselines] + [m for m in models if m not in baselines]
-        rows, plot_rows, sections = [], [], []
-        for protocol in protocols or [None]:
-            group = [entry_name(m, protocol) for m in ordered]
-            labels = check_protocols(records, group, seeds, mixed_protocols)
-            group_rows = summarise(
-                records, group, seeds, metrics, {entry_name(m, protocol) for m in baselines}
-            )
-            add_per_user_tests(group_rows, records, seeds, metrics, correction)
-            per_loss = loss_variant_gains(
-                records, group, {entry_name(m, protocol) for m in baselines}, seeds, metrics,
-                correction,
+        if jobs and c.use_ray:
+            trained = run_on_ray(
+                jobs, c.dataset, c.config_files, c.overrides, out, c.settings, c.log,
+                c.ray_options, c.models, c.paper_models, c.references,
             )  # fmt: skip
-            for row in group_rows:
-                plot_rows.append(dict(row))  # named by entry: a model under each protocol
-                row["protocol"] = labels[row["model"]]
-                row["model"] = split_entry(row["model"])[0]
-            rows += group_rows
-            note = protocol_note(configs[protocol], sorted(set(labels.values())))
-            note += builtin_settings_note(records, group, seeds)
-            figures = published_figures(dataset, labels.values())
-            sections.append(
-                markdown_table(group_rows, metrics, dataset, seeds, note, correction)
-                + per_loss
-                + published_section(group_rows, metrics, figures, seeds)
-            )
-        if protocols:
-            sections = [
-                f"## Protocol {protocol}\n\n{section}"
-                for protocol, section in zip(protocols, sections)
-            ]
-            sections.insert(0, protocol_side_by_side(rows, metrics, seeds, protocols))
-        markdown = "\n".join(sections)
-        files = {
-            "csv": out / "comparison.csv",
-            "markdown": out / "comparison.md",
-            "plot": out / "comparison.png",
-            "runs_csv": out / "runs.csv",
-        }
-        write_atomic(files["csv"], csv_text(rows))
-        write_atomic(files["markdown"], markdown)
-        entries_in_order = [row["model"] for row in plot_rows]
-        write_atomic(files["runs_csv"], runs_csv_text(records, entries_in_order, seeds, metrics))
-        save_plot(files["plot"], plot_rows, metrics, dataset, seeds)
-        return {
-            "rows": rows,
-            "markdown": markdown,
-            "files": files,
-            "trained": trained,
-            "skipped": skipped,
-            "metrics": metrics,
-            "baselines": [m for m in ordered if m in baselines],
-        }
-    finally:
-        lock.release()
+        elif jobs:
+            trained = run_sequential(
+                jobs, c.dataset, c.config_files, c.overrides, out, c.settings, c.log,
+                tuple(c.models), c.paper_models, c.references,
+            )  # fmt: skip
+        else:
+            trained = []
+    except KeyboardInterrupt as interrupt:
+        from recbole_freq.utils.signals import RunInterrupted
+
+        stored = sum(run_file(out, e, s).is_file() for e in entries for s in seeds)
+        partial = sorted((out / "partial").glob("*.resume.pth"))
+        kept = f"{stored} of {len(entries) * len(seeds)} runs are stored in {out / 'runs'}"
+        if partial:
+            kept += f"; the unfinished run keeps its completed epochs in {partial[0]}"
+        raise RunInterrupted(kept) from interrupt
+    return trained, skipped
+
+
+def tabulate(comparison: Comparison, records: dict) -> tuple[list, list, str]:
+    """``(rows, plot_rows, markdown)``: one table per protocol (with the loss variants'
+    gains and the published figures beside it), and with several protocols a
+    side-by-side table first."""
+    c = comparison
+    rows, plot_rows, sections = [], [], []
+    for protocol in c.protocols or [None]:
+        group = [entry_name(m, protocol) for m in c.ordered]
+        baselines = {entry_name(m, protocol) for m in c.baselines}
+        labels = check_protocols(records, group, c.seeds, c.mixed_protocols)
+        group_rows = summarise(records, group, c.seeds, c.metrics, baselines)
+        add_per_user_tests(group_rows, records, c.seeds, c.metrics, c.correction)
+        per_loss = loss_variant_gains(records, group, baselines, c.seeds, c.metrics, c.correction)
+        for row in group_rows:
+            plot_rows.append(dict(row))  # named by entry: a model under each protocol
+            row["protocol"] = labels[row["model"]]
+            row["model"] = split_entry(row["model"])[0]
+        rows += group_rows
+        note = protocol_note(c.configs[protocol], sorted(set(labels.values())))
+        note += builtin_settings_note(records, group, c.seeds)
+        figures = published_figures(c.dataset, labels.values())
+        sections.append(
+            markdown_table(group_rows, c.metrics, c.dataset, c.seeds, note, c.correction)
+            + per_loss
+            + published_section(group_rows, c.metrics, figures, c.seeds)
+        )
+    if c.protocols:
+        sections = [
+            f"## Protocol {protocol}\n\n{section}"
+            for protocol, section in zip(c.protocols, sections)
+        ]
+        sections.insert(0, protocol_side_by_side(rows, c.metrics, c.seeds, c.protocols))
+    return rows, plot_rows, "\n".join(sections)
+
+
+def write_comparison(comparison: Comparison, records, rows, plot_rows, markdown) -> dict:
+    """The comparison's files, each whole or not at all."""
+    out, c = comparison.out, comparison
+    files = {
+        "csv": out / "comparison.csv",
+        "markdown": out / "comparison.md",
+        "plot": out / "comparison.png",
+        "runs_csv": out / "runs.csv",
+    }
+    write_atomic(files["csv"], csv_text(rows))
+    write_atomic(files["markdown"], markdown)
+    entries_in_order = [row["model"] for row in plot_rows]
+    write_atomic(files["runs_csv"], runs_csv_text(records, entries_in_order, c.seeds, c.metrics))
+    save_plot(files["plot"], plot_rows, c.metrics, c.dataset, c.seeds)
+    return files
 
 
 __all__ = [

@@ -191,14 +191,56 @@ def tune_model(
     ``best`` (the best row), ``best_params``, ``table`` (markdown) and the written files
     ``trials_csv``, ``trials_md``, ``best_yaml``.
     """
-    from recbole_freq.config.configurator import FreqConfig
-    from recbole_freq.data.guard import check_prepared
-
     ray = import_ray("hyperparameter search", "ray[tune]", TuneSetupError)
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
-
     space = parse_hyper_file(hyper_file)
+    search = _checked_search_options(
+        space, search, num_samples, scheduler, cpus_per_trial, gpus_per_trial, max_concurrent
+    )
+    config_files = [os.path.abspath(path) for path in config_files or []]
+    config_dict = dict(config_dict or {})
+    config, job = _trial_job(
+        model, dataset, config_files, config_dict, cmd_overrides, paper, space,
+        grace_period if scheduler == "asha" else None,
+    )  # fmt: skip
+    mode = "max" if config["valid_metric_bigger"] else "min"
+    storage, name = _search_location(storage_path, name, config["model"], dataset)
+    experiment_dir = storage / name
+    spec = _job_spec(
+        model, dataset, config_files, config_dict, job["overrides"], paper, space, search
+    )
+    _check_experiment_folder(experiment_dir, spec, resume)
+    # Bad search options fail here, before the dataset is loaded and Ray is started.
+    seed = config["seed"]
+    searcher = _searcher(search, space, ("valid_score", mode), num_samples, max_concurrent, seed)
+    shared = _shared_dataset(config, space)
+    rounds = config["epochs"] // config["eval_step"]
+    asha = (rounds, grace_period) if scheduler == "asha" else None
+    results, interrupted = _run_on_ray(
+        ray, job, shared, searcher, mode, asha, (storage, name, experiment_dir, spec, resume),
+        dict(address=ray_address, num_cpus=num_cpus, cpus=cpus_per_trial, gpus=gpus_per_trial),
+        verbose,
+    )  # fmt: skip
+    if interrupted:
+        from recbole_freq.utils.signals import RunInterrupted
+
+        finished, started = finished_trials(results)
+        raise RunInterrupted(
+            f"the search stopped: {finished} of the {started} trials started had finished; "
+            f"the search's state is kept in {experiment_dir}"
+        )
+    summary = dict(
+        model=config["model"], dataset=dataset, experiment_dir=str(experiment_dir),
+        metric=config["valid_metric"], mode=mode, shared_dataset=shared is not None,
+        trials=rank_trials(results, list(space), mode, _test_stopped_trials(results)),
+    )  # fmt: skip
+    return write_outputs(summary, experiment_dir, list(space), job, config_dict, cmd_overrides)
+
+
+def _checked_search_options(
+    space, search, num_samples, scheduler, cpus_per_trial, gpus_per_trial, max_concurrent
+) -> str:
+    """The search to run (``grid`` for a discrete space without ``num_samples``, else
+    ``random`` unless named); ``TuneSetupError`` for an option out of range."""
     if search is None:
         search = "grid" if num_samples is None and grid_size(space) is not None else "random"
     if search not in SEARCHES:
@@ -211,10 +253,20 @@ def tune_model(
         raise TuneSetupError("--gpus_per_trial above 1 must be a whole number")
     if max_concurrent is not None and max_concurrent < 1:
         raise TuneSetupError("--max_concurrent must be at least 1")
+    return search
+
+
+def _trial_job(
+    model, dataset, config_files, config_dict, cmd_overrides, paper, space, grace_period
+):
+    """``(config, job)``: the fixed settings of every trial, checked against the space
+    and the validation rounds (``grace_period`` under ASHA), and the job each trial
+    builds its configuration from (every path absolute: trials run in Ray's per-trial
+    working directories)."""
+    from recbole_freq.config.configurator import FreqConfig
+    from recbole_freq.data.guard import check_prepared
 
     overrides = dict(cmd_overrides or {})
-    config_dict = dict(config_dict or {})
-    config_files = [os.path.abspath(path) for path in config_files or []]
     config = FreqConfig(model, dataset, config_files, config_dict, overrides, paper)
     if data_parallel_settings(config) is not None:
         raise TuneSetupError(
@@ -229,17 +281,13 @@ def tune_model(
             f"epochs={config['epochs']} never validates; use 1 <= eval_step <= epochs"
         )
     rounds = config["epochs"] // config["eval_step"]
-    if scheduler == "asha" and not 1 <= grace_period <= rounds:
+    if grace_period is not None and not 1 <= grace_period <= rounds:
         raise TuneSetupError(
             f"--grace_period {grace_period} must be between 1 and the {rounds} validation "
             "rounds of a trial"
         )
-
-    # Trials run in Ray's per-trial working directories: every path must be absolute.
     overrides["data_path"] = os.path.abspath(os.path.dirname(os.path.normpath(config["data_path"])))
     overrides["checkpoint_dir"] = os.path.abspath(config["checkpoint_dir"])
-    model_name, metric_name = config["model"], config["valid_metric"]
-    mode = "max" if config["valid_metric_bigger"] else "min"
     job = {
         "model": model,
         "dataset": dataset,
@@ -248,12 +296,20 @@ def tune_model(
         "overrides": overrides,
         "paper": paper,
     }
+    return config, job
 
+
+def _search_location(storage_path, name, model, dataset) -> tuple[Path, str]:
+    """``(storage folder, search name)``: the folder writable, the name one path part."""
     storage = check_writable(Path(storage_path).expanduser().resolve(), "--storage_path")
-    name = name or default_search_name(model_name, dataset)
+    name = name or default_search_name(model, dataset)
     check_name_component(name, "--name")
-    experiment_dir = storage / name
-    spec = _job_spec(model, dataset, config_files, config_dict, overrides, paper, space, search)
+    return storage, name
+
+
+def _check_experiment_folder(experiment_dir: Path, spec: dict, resume: bool) -> None:
+    """A new search needs an empty folder; ``--resume`` one of a search with the same
+    settings, trusted (``trusted_folder``)."""
     if resume:
         check_search_folder_trusted(experiment_dir)
         saved = experiment_dir / SPEC_FILE
@@ -275,24 +331,32 @@ def tune_model(
             "another --name"
         )
 
-    # Bad search options fail here, before the dataset is loaded and Ray is started.
-    searcher = _searcher(
-        search, space, ("valid_score", mode), num_samples, max_concurrent, config["seed"]
-    )
-    shared = None
-    if not set(space) & _dataset_keys():
-        from recbole.data import create_dataset
-        from recbole.utils import init_seed
 
-        init_seed(config["seed"], config["reproducibility"])
-        shared = create_dataset(config)
+def _shared_dataset(config, space):
+    """The dataset loaded once for every trial, when the space changes no dataset
+    setting; else ``None`` (each trial loads its own)."""
+    if set(space) & _dataset_keys():
+        return None
+    from recbole.data import create_dataset
+    from recbole.utils import init_seed
 
-    address = ray_address or os.environ.get("RAY_ADDRESS") or None
-    started = start_or_join(ray, address, num_cpus, error=TuneSetupError)
+    init_seed(config["seed"], config["reproducibility"])
+    return create_dataset(config)
+
+
+def _run_on_ray(ray, job, shared, searcher, mode, asha, experiment, resources, verbose):
+    """Start or join Ray, check its resources, run the trials; ``(results,
+    interrupted)``.  ``asha``: ``(validation rounds, grace period)`` or ``None``."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    address = resources["address"] or os.environ.get("RAY_ADDRESS") or None
+    started = start_or_join(ray, address, resources["num_cpus"], error=TuneSetupError)
+    cpus, gpus = resources["cpus"], resources["gpus"]
     try:
         check_resources(
             ray.cluster_resources(),
-            {"CPU": (cpus_per_trial, "cpus_per_trial"), "GPU": (gpus_per_trial, "gpus_per_trial")},
+            {"CPU": (cpus, "cpus_per_trial"), "GPU": (gpus, "gpus_per_trial")},
             started,
             local=address is None,
             warn=lambda message: print(message, file=sys.stderr),
@@ -301,47 +365,20 @@ def tune_model(
         )
         trainable = tune.with_resources(
             tune.with_parameters(run_trial, job=job, shared_dataset=shared),
-            {"cpu": cpus_per_trial, "gpu": gpus_per_trial},
+            {"cpu": cpus, "gpu": gpus},
         )
-        results, interrupted = _fit(
-            trainable,
-            searcher,
-            ("valid_score", mode),
-            ASHAScheduler(
-                # One report per validation round plus the final one: max_t lets the
-                # last epoch pass, so that the test evaluation still runs.
-                time_attr="training_iteration",
-                max_t=rounds + 1,
-                grace_period=grace_period,
+        scheduler = None
+        if asha is not None:
+            # One report per validation round plus the final one: max_t lets the last
+            # epoch pass, so that the test evaluation still runs.
+            rounds, grace_period = asha
+            scheduler = ASHAScheduler(
+                time_attr="training_iteration", max_t=rounds + 1, grace_period=grace_period
             )
-            if scheduler == "asha"
-            else None,
-            (storage, name, experiment_dir, spec, resume),
-            verbose,
-        )
+        return _fit(trainable, searcher, ("valid_score", mode), scheduler, experiment, verbose)
     finally:
         if started:
             ray.shutdown()
-
-    if interrupted:
-        from recbole_freq.utils.signals import RunInterrupted
-
-        finished, started = finished_trials(results)
-        raise RunInterrupted(
-            f"the search stopped: {finished} of the {started} trials started had finished; "
-            f"the search's state is kept in {experiment_dir}"
-        )
-    rows = rank_trials(results, list(space), mode, _test_stopped_trials(results))
-    summary = {
-        "model": model_name,
-        "dataset": dataset,
-        "experiment_dir": str(experiment_dir),
-        "metric": metric_name,
-        "mode": mode,
-        "shared_dataset": shared is not None,
-        "trials": rows,
-    }
-    return write_outputs(summary, experiment_dir, list(space), job, config_dict, cmd_overrides)
 
 
 def _test_stopped_trials(results) -> dict[str, dict]:
