@@ -30,22 +30,7 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 _TABLE_FLAGS = ("user_col", "item_col", "time_col", "sep", "time_format", "first_per_pair")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        usage=f"{PROG} NAME --raw PATH --out DATA_DIR [options]\n"
-        f"       {PROG} NAME --download --out DATA_DIR [--source raw|one-line]\n"
-        f"       {PROG} --list",
-        description=(
-            "Prepare a raw dataset as RecBole atomic files DATA_DIR/NAME/NAME.inter, "
-            "NAME.stats.json and (raw logs) NAME.idmap.json, following the S3-Rec "
-            "procedure. Known dataset names (see --list) read their public raw source "
-            "and get their statistics checked."
-        ),
-    )
-    parser.add_argument("name", nargs="?", metavar="NAME", help="dataset name (see --list)")
-    parser.add_argument("--raw", metavar="PATH", help="raw input file (gzipped or not)")
-    parser.add_argument("--out", metavar="DATA_DIR", help="RecBole data_path to write into")
+def _add_download_options(parser) -> None:
     fetch = parser.add_argument_group(
         "--download (known datasets; nothing is downloaded without it)"
     )
@@ -68,17 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="where downloaded files are kept (default: DATA_DIR/downloads)",
     )
     fetch.add_argument("--url", metavar="URL", help="a mirror of the file (same bytes)")
-    parser.add_argument(
-        "--format",
-        choices=sorted(FORMATS),
-        help=f"raw input format (default: the raw source of a known NAME, else {ONE_LINE})",
-    )
-    parser.add_argument(
-        "--core",
-        type=int,
-        metavar="K",
-        help="raw logs: keep the K-core of users and items (default 5; 1 keeps everything)",
-    )
+
+
+def _add_table_options(parser) -> None:
     table = parser.add_argument_group(f"--format {TABLE} (your own CSV/TSV log with a header)")
     table.add_argument("--user-col", metavar="COL", help="user column (default: user_id)")
     table.add_argument("--item-col", metavar="COL", help="item column (default: item_id)")
@@ -99,6 +76,37 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep only the first row of each (user, item) pair in file order",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        usage=f"{PROG} NAME --raw PATH --out DATA_DIR [options]\n"
+        f"       {PROG} NAME --download --out DATA_DIR [--source raw|one-line]\n"
+        f"       {PROG} --list",
+        description=(
+            "Prepare a raw dataset as RecBole atomic files DATA_DIR/NAME/NAME.inter, "
+            "NAME.stats.json and (raw logs) NAME.idmap.json, following the S3-Rec "
+            "procedure. Known dataset names (see --list) read their public raw source "
+            "and get their statistics checked."
+        ),
+    )
+    parser.add_argument("name", nargs="?", metavar="NAME", help="dataset name (see --list)")
+    parser.add_argument("--raw", metavar="PATH", help="raw input file (gzipped or not)")
+    parser.add_argument("--out", metavar="DATA_DIR", help="RecBole data_path to write into")
+    _add_download_options(parser)
+    parser.add_argument(
+        "--format",
+        choices=sorted(FORMATS),
+        help=f"raw input format (default: the raw source of a known NAME, else {ONE_LINE})",
+    )
+    parser.add_argument(
+        "--core",
+        type=int,
+        metavar="K",
+        help="raw logs: keep the K-core of users and items (default 5; 1 keeps everything)",
+    )
+    _add_table_options(parser)
     parser.add_argument(
         "--no-check",
         action="store_true",

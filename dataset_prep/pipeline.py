@@ -55,6 +55,62 @@ class ConversionResult:
     real_time: str | None = None  # where the real_time column came from; None: no column
 
 
+def _check_options(reader, chosen: str, core, table) -> None:
+    """Options that do not fit the format, refused before reading: a multi-GB log
+    should not be read to fail on a flag."""
+    if core is not None and (isinstance(core, bool) or not isinstance(core, int) or core < 1):
+        raise UsageError(f"invalid core {core!r}: use an integer >= 1 (1 disables filtering)")
+    if not reader.raw_log and core is not None:
+        raise UsageError(f"--core applies to raw logs only: a {chosen} file is already filtered")
+    if table is not None and chosen != TABLE:
+        raise UsageError(
+            f"--user-col, --item-col, --time-col, --sep, --time-format and --first-per-pair "
+            f"apply to --format {TABLE} only (format here: {chosen})"
+        )
+
+
+def _read_with_hint(reader, chosen, raw_path, show_progress, core, table, name, fmt):
+    """The raw file read; a known dataset's raw-format error on its first line says so
+    when the file looks like the papers' one-line-per-user format."""
+    try:
+        return _read(reader, chosen, raw_path, show_progress, core, table)
+    except RawFormatError as exc:
+        known = KNOWN_DATASETS.get(name)
+        if fmt is None and known is not None and exc.line in (1, None):
+            if looks_like_one_line(raw_path):
+                raise RawFormatError(
+                    exc.path,
+                    exc.line,
+                    f"{exc.problem}. This looks like a one-line-per-user file "
+                    f"({known.one_line_file}): add --format one-line",
+                ) from None
+        raise
+
+
+def _stats_summary(name, chosen, raw, reader, stats, expected, mismatches, files) -> dict:
+    """The ``<name>.stats.json`` record: source, files and their digest, the preparation,
+    the statistics and whether they match the expected ones."""
+    inter_path, inter_sha256, idmap_path = files
+    return {
+        "schema": STATS_SCHEMA,
+        "dataset": name,
+        "format": chosen,
+        "source": raw.source.to_dict(),
+        "inter_file": inter_path.name,
+        "inter_sha256": inter_sha256,
+        "idmap_file": idmap_path.name if idmap_path is not None else None,
+        "preparation": raw.details or None,
+        "real_time": (
+            {"column": REAL_TIME_COLUMN, "unit": "seconds", "from": reader.real_time}
+            if raw.times is not None
+            else None
+        ),
+        "stats": stats.to_dict(),
+        "expected": expected.to_dict() if expected is not None else None,
+        "matches_expected": None if expected is None else not mismatches,
+    }
+
+
 def convert(
     raw_path: Path | str,
     out_dir: Path | str,
@@ -82,29 +138,8 @@ def convert(
     validate_name(name)
     chosen = fmt if fmt is not None else default_format(name)
     reader = get_format(chosen)
-    if core is not None and (isinstance(core, bool) or not isinstance(core, int) or core < 1):
-        # Checked before reading: a multi-GB log should not be read to fail on a flag.
-        raise UsageError(f"invalid core {core!r}: use an integer >= 1 (1 disables filtering)")
-    if not reader.raw_log and core is not None:
-        raise UsageError(f"--core applies to raw logs only: a {chosen} file is already filtered")
-    if table is not None and chosen != TABLE:
-        raise UsageError(
-            f"--user-col, --item-col, --time-col, --sep, --time-format and --first-per-pair "
-            f"apply to --format {TABLE} only (format here: {chosen})"
-        )
-    try:
-        raw = _read(reader, chosen, raw_path, show_progress, core, table)
-    except RawFormatError as exc:
-        known = KNOWN_DATASETS.get(name)
-        if fmt is None and known is not None and exc.line in (1, None):
-            if looks_like_one_line(raw_path):
-                raise RawFormatError(
-                    exc.path,
-                    exc.line,
-                    f"{exc.problem}. This looks like a one-line-per-user file "
-                    f"({known.one_line_file}): add --format one-line",
-                ) from None
-        raise
+    _check_options(reader, chosen, core, table)
+    raw = _read_with_hint(reader, chosen, raw_path, show_progress, core, table, name, fmt)
     stats = compute_stats(raw.sequences)
 
     if expected is None and name in KNOWN_DATASETS:
@@ -128,24 +163,10 @@ def convert(
             stage.open(idmap_path.name).write(_json_bytes(idmap, indent=None))
         else:
             stage.remove(f"{name}.idmap.json")  # ids are not re-mapped: no map applies
-        summary = {
-            "schema": STATS_SCHEMA,
-            "dataset": name,
-            "format": chosen,
-            "source": raw.source.to_dict(),
-            "inter_file": inter_path.name,
-            "inter_sha256": inter_sha256,
-            "idmap_file": idmap_path.name if idmap_path is not None else None,
-            "preparation": raw.details or None,
-            "real_time": (
-                {"column": REAL_TIME_COLUMN, "unit": "seconds", "from": reader.real_time}
-                if raw.times is not None
-                else None
-            ),
-            "stats": stats.to_dict(),
-            "expected": expected.to_dict() if expected is not None else None,
-            "matches_expected": None if expected is None else not mismatches,
-        }
+        summary = _stats_summary(
+            name, chosen, raw, reader, stats, expected, mismatches,
+            (inter_path, inter_sha256, idmap_path),
+        )  # fmt: skip
         stage.open(stats_path.name).write(_json_bytes(summary, indent=2))
 
     return ConversionResult(

@@ -126,6 +126,29 @@ def kcore(
             return kept, passes
 
 
+def _remapped(collector: Collector, kept: dict) -> tuple[list, list[str], list[str]]:
+    """``(sequences, raw user ids, raw item ids)``: users and items numbered 1, 2, ... in
+    order of first appearance (users by their first row, items as the kept sequences
+    meet them), each sequence as ``(user token, item tokens)``."""
+    user_names = _names(collector.user_ids)
+    item_names = _names(collector.item_ids)
+    new_item: dict[int, str] = {}
+    out: list[tuple[str, list[str]]] = []
+    raw_users: list[str] = []
+    raw_items: list[str] = []
+    for user_code in sorted(kept):  # user codes are in order of first appearance
+        raw_users.append(user_names[user_code])
+        tokens = []
+        for item_code in kept[user_code]:
+            token = new_item.get(item_code)
+            if token is None:
+                raw_items.append(item_names[item_code])
+                token = new_item[item_code] = str(len(raw_items))
+            tokens.append(token)
+        out.append((str(len(raw_users)), tokens))
+    return out, raw_users, raw_items
+
+
 def prepare(
     collector: Collector,
     source: RawSource,
@@ -174,33 +197,13 @@ def prepare(
     # interactions are exactly those of items that survive.
     surviving = {item for items in kept.values() for item in items}
     to_seconds = collector.to_seconds
-    times: list[list[float]] = []
-    for user_code in sorted(kept):
-        times.append(
-            [
-                to_seconds(time)
-                for time, item in zip(raw_times[user_code], sequences[user_code])
-                if item in surviving
-            ]
-        )
+    times = [
+        [to_seconds(t) for t, item in zip(raw_times[user], sequences[user]) if item in surviving]
+        for user in sorted(kept)
+    ]
     del raw_times
 
-    user_names = _names(collector.user_ids)
-    item_names = _names(collector.item_ids)
-    new_item: dict[int, str] = {}
-    out: list[tuple[str, list[str]]] = []
-    raw_users: list[str] = []
-    raw_items: list[str] = []
-    for user_code in sorted(kept):  # user codes are in order of first appearance
-        raw_users.append(user_names[user_code])
-        tokens = []
-        for item_code in kept[user_code]:
-            token = new_item.get(item_code)
-            if token is None:
-                raw_items.append(item_names[item_code])
-                token = new_item[item_code] = str(len(raw_items))
-            tokens.append(token)
-        out.append((str(len(raw_users)), tokens))
+    out, raw_users, raw_items = _remapped(collector, kept)
 
     after = _counts([items for items in kept.values()])
     details.update(

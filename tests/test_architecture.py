@@ -15,19 +15,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("dataset_prep", "recbole_freq")
-# A function says one step; a longer one is split into named steps.  The functions
-# written before this limit that are still longer are listed with the length they may
-# not exceed; each is removed from the list when it is split (the list only shrinks).
+# A function says one step; a longer one is split into named steps.
 MAX_FUNCTION_LINES = 80
-LONGER_FUNCTIONS_TO_SPLIT = {
-    "dataset_prep.pipeline:convert": 106,
-    "recbole_freq.jobs.compare.tables:markdown_table": 100,
-    "recbole_freq.data.noise:corrupt_sequences": 97,
-    "recbole_freq.model.encoder:build_encoder": 95,
-    "dataset_prep.procedure:prepare": 94,
-    "recbole_freq.jobs.analyze.measures:analyse_model": 91,
-    "dataset_prep.cli:build_parser": 82,
-}
 
 # Bottom first.  A module belongs to the layer naming its longest prefix; it may import
 # its own layer and those below, never one above.
@@ -231,17 +220,7 @@ def test_the_length_check_sees_methods_and_nested_functions(tmp_path):
 
 def test_no_function_is_longer_than_80_lines():
     lengths = function_lengths()
-    longer = {
-        name: n
-        for name, n in lengths.items()
-        if n > MAX_FUNCTION_LINES and n > LONGER_FUNCTIONS_TO_SPLIT.get(name, 0)
-    }
-    assert longer == {}
-    # The list names only functions that exist and are still too long.
-    split = [
-        name for name in LONGER_FUNCTIONS_TO_SPLIT if lengths.get(name, 0) <= MAX_FUNCTION_LINES
-    ]
-    assert split == []
+    assert {name: n for name, n in lengths.items() if n > MAX_FUNCTION_LINES} == {}
 
 
 def test_readme_draws_the_layers_in_this_order():

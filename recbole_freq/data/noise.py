@@ -91,6 +91,56 @@ def _fields(dataset):
     )
 
 
+def _replace_items(sequence, owner, held_out, n_items, ratio, seed):
+    """``(corrupted copy, count)``: ``round(ratio * len)`` positions drawn without
+    replacement, each item replaced by a uniform item that is neither the one it replaces
+    nor one of its user's (``owner``) held-out validation and test items."""
+    rng = np.random.default_rng(seed)
+    total = len(sequence)
+    n_replaced = int(round(ratio * total))
+    chosen = np.sort(rng.choice(total, size=n_replaced, replace=False))
+    corrupted = sequence.copy()
+    for position in chosen:
+        excluded = held_out[int(owner[position])] | {int(sequence[position])}
+        item = int(rng.integers(1, n_items))
+        while item in excluded:
+            item = int(rng.integers(1, n_items))
+        corrupted[position] = item
+    return corrupted, n_replaced
+
+
+def _corrupt_evaluation_histories(valid, test, users_sequences, max_len) -> None:
+    """``noise_scope: observed``: a validation row's history is the user's training
+    sequence, a test row's the training sequence plus the validation item (if the user
+    has one), each truncated to the last ``max_len`` items; their training items are
+    replaced as the training rows' were."""
+    sequence, corrupted, offsets, seq_len, user_index = users_sequences
+    uid, _, list_field, len_field = _fields(valid)
+    valid_users = set(valid.inter_feat[uid].numpy().tolist())
+    for dataset, phase in ((valid, "valid"), (test, "test")):
+        feat_eval = dataset.inter_feat
+        eval_histories = feat_eval[list_field].numpy().copy()
+        eval_lengths = feat_eval[len_field].numpy()
+        for row, user in enumerate(feat_eval[uid].numpy().tolist()):
+            k = user_index.get(user)
+            if k is None:
+                continue
+            clean = sequence[offsets[k] : offsets[k] + seq_len[k]]
+            noisy = corrupted[offsets[k] : offsets[k] + seq_len[k]]
+            extra = eval_histories[row, :0]
+            if phase == "test" and user in valid_users:
+                extra = eval_histories[row, eval_lengths[row] - 1 : eval_lengths[row]]
+            expected = np.concatenate([clean, extra])[-max_len:]
+            if not np.array_equal(expected, eval_histories[row, : eval_lengths[row]]):
+                raise ValueError(
+                    f"noise_ratio: the {phase} history of user {user} does not continue "
+                    "the training sequence (expected leave-one-out on the same data)"
+                )
+            replaced = np.concatenate([noisy, extra])[-max_len:]
+            eval_histories[row, : len(replaced)] = replaced
+        feat_eval[list_field] = torch.from_numpy(eval_histories).to(feat_eval[list_field].dtype)
+
+
 def corrupt_sequences(train, valid, test, ratio: float, seed: int, scope: str = "train") -> dict:
     """The corruption itself, on RecBole ``SequentialDataset`` s split by leave-one-out."""
     uid, iid, list_field, len_field = _fields(train)
@@ -136,51 +186,18 @@ def corrupt_sequences(train, valid, test, ratio: float, seed: int, scope: str = 
         for u, item in zip(dataset.inter_feat[uid].numpy(), dataset.inter_feat[iid].numpy()):
             held_out.setdefault(int(u), set()).add(int(item))
 
-    rng = np.random.default_rng(seed)
+    owner = user_ids[np.repeat(np.arange(len(user_ids)), seq_len)]
+    corrupted, n_replaced = _replace_items(sequence, owner, held_out, n_items, ratio, seed)
     total = len(sequence)
-    n_replaced = int(round(ratio * total))
-    chosen = np.sort(rng.choice(total, size=n_replaced, replace=False))
-    owner = np.repeat(np.arange(len(user_ids)), seq_len)
-    corrupted = sequence.copy()
-    for position in chosen:
-        excluded = held_out[int(user_ids[owner[position]])] | {int(sequence[position])}
-        item = int(rng.integers(1, n_items))
-        while item in excluded:
-            item = int(rng.integers(1, n_items))
-        corrupted[position] = item
 
     feat[iid] = torch.from_numpy(corrupted[row_position]).to(feat[iid].dtype)
     rebuilt = _windows(corrupted, row_position, user_offsets, max_len)
     feat[list_field] = torch.from_numpy(rebuilt).to(feat[list_field].dtype)
 
     if scope == "observed":
-        # A validation row's history is the user's training sequence, a test row's the
-        # training sequence plus the validation item (if the user has one), each
-        # truncated to the last max_len items; only the training items are replaced.
         user_index = {int(u): k for k, u in enumerate(user_ids)}
-        valid_users = set(valid.inter_feat[uid].numpy().tolist())
-        for dataset, phase in ((valid, "valid"), (test, "test")):
-            feat_eval = dataset.inter_feat
-            eval_histories = feat_eval[list_field].numpy().copy()
-            eval_lengths = feat_eval[len_field].numpy()
-            for row, user in enumerate(feat_eval[uid].numpy().tolist()):
-                k = user_index.get(user)
-                if k is None:
-                    continue
-                clean = sequence[offsets[k] : offsets[k] + seq_len[k]]
-                noisy = corrupted[offsets[k] : offsets[k] + seq_len[k]]
-                extra = eval_histories[row, :0]
-                if phase == "test" and user in valid_users:
-                    extra = eval_histories[row, eval_lengths[row] - 1 : eval_lengths[row]]
-                expected = np.concatenate([clean, extra])[-max_len:]
-                if not np.array_equal(expected, eval_histories[row, : eval_lengths[row]]):
-                    raise ValueError(
-                        f"noise_ratio: the {phase} history of user {user} does not continue "
-                        "the training sequence (expected leave-one-out on the same data)"
-                    )
-                replaced = np.concatenate([noisy, extra])[-max_len:]
-                eval_histories[row, : len(replaced)] = replaced
-            feat_eval[list_field] = torch.from_numpy(eval_histories).to(feat_eval[list_field].dtype)
+        users_sequences = (sequence, corrupted, offsets, seq_len, user_index)
+        _corrupt_evaluation_histories(valid, test, users_sequences, max_len)
     return {
         "noise_ratio": ratio,
         "noise_seed": seed,

@@ -131,6 +131,48 @@ def build_encoder(
     key_value_relations: bool = False,
 ) -> TransformerEncoder:
     """Assemble the encoder from configuration (the names are RecBole's config keys)."""
+    operator, residual_path = _checked_components(
+        n_layers, n_heads, (hidden_dropout_prob, attn_dropout_prob), token_mixer,
+        attention_operator, residual, key_value_relations,
+    )  # fmt: skip
+    blocks = []
+    for layer_index in range(n_layers):
+        context = LayerContext(
+            hidden_size,
+            n_heads,
+            max_seq_length,
+            hidden_dropout_prob,
+            attn_dropout_prob,
+            layer_norm_eps,
+            layer_index,
+        )
+
+        def residual_for(sublayer: str, context=context) -> nn.Module:
+            return residual_path.factory(
+                replace(context, sublayer=sublayer), **(residual_options or {})
+            )
+
+        mixer = _token_mixer(
+            token_mixer, context, operator, operator_options or {}, residual_for, alpha, c,
+            beta_type,
+        )  # fmt: skip
+        feed_forward = FeedForward(
+            hidden_size, inner_size, hidden_act, residual_for("feed_forward")
+        )
+        blocks.append(
+            TransformerBlock(
+                mixer, feed_forward, fusion_branches, fusion_weights, learn_fusion_weights
+            )
+        )
+    return TransformerEncoder(blocks)
+
+
+def _checked_components(
+    n_layers, n_heads, dropouts, token_mixer, attention_operator, residual, key_value_relations
+):
+    """``(attention operator, residual path)`` of the registries, after the settings that
+    no encoder can be built with are refused, one line each."""
+    hidden_dropout_prob, attn_dropout_prob = dropouts
     if n_layers < 1:
         raise ValueError(f"n_layers={n_layers} must be at least 1")
     if n_heads < 1:
@@ -158,46 +200,23 @@ def build_encoder(
             f"time_intervals=True is not available with attention_operator="
             f"{attention_operator!r}; use one of {accepting}"
         )
+    return operator, residual_path
 
-    blocks = []
-    for layer_index in range(n_layers):
-        context = LayerContext(
-            hidden_size,
-            n_heads,
-            max_seq_length,
-            hidden_dropout_prob,
-            attn_dropout_prob,
-            layer_norm_eps,
-            layer_index,
-        )
 
-        def residual_for(sublayer: str, context=context) -> nn.Module:
-            return residual_path.factory(
-                replace(context, sublayer=sublayer), **(residual_options or {})
-            )
-
-        if token_mixer == "filter":
-            mixer = FilterMixer(
-                LearnableFilter(max_seq_length, hidden_size), residual_for("filter")
-            )
-        else:
-            attention = MultiHeadSelfAttention(
-                hidden_size,
-                n_heads,
-                operator.factory(context, **(operator_options or {})),
-                residual_for("attention"),
-            )
-            if token_mixer == "bsa":
-                rescaler = FrequencyRescaler(max_seq_length, c, hidden_size, beta_type)
-                mixer = BeyondSelfAttentionMixer(attention, rescaler, residual_for("filter"), alpha)
-            else:
-                mixer = SelfAttentionMixer(attention)
-        feed_forward = FeedForward(
-            hidden_size, inner_size, hidden_act, residual_for("feed_forward")
-        )
-        blocks.append(
-            TransformerBlock(
-                mixer, feed_forward, fusion_branches, fusion_weights, learn_fusion_weights
-            )
-        )
-    return TransformerEncoder(blocks)
+def _token_mixer(kind, context, operator, operator_options, residual_for, alpha, c, beta_type):
+    """The token mixer of one block: FMLP-Rec's learnable filter (``filter``),
+    self-attention with ``operator`` (``self_attention``), or BSARec's attention beside
+    the frequency rescaler (``bsa``, eq. 5)."""
+    hidden_size, max_seq_length = context.hidden_size, context.max_seq_length
+    if kind == "filter":
+        return FilterMixer(LearnableFilter(max_seq_length, hidden_size), residual_for("filter"))
+    attention = MultiHeadSelfAttention(
+        hidden_size,
+        context.n_heads,
+        operator.factory(context, **operator_options),
+        residual_for("attention"),
+    )
+    if kind == "bsa":
+        rescaler = FrequencyRescaler(max_seq_length, c, hidden_size, beta_type)
+        return BeyondSelfAttentionMixer(attention, rescaler, residual_for("filter"), alpha)
+    return SelfAttentionMixer(attention)

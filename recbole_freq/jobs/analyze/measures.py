@@ -293,33 +293,56 @@ def analyse_model(model, batches, max_sequences: int = DEFAULT_MAX_SEQUENCES, ch
                 low_sum[index] += low.sum().item()
             cosine_count += int(multi.sum())
             seen += valid.size(0)
-            for length in sorted(set(lengths.tolist())):
-                if length < MIN_SPECTRAL_LENGTH:
-                    continue
-                chosen = (lengths == length).nonzero().squeeze(-1)
-                index = valid[chosen].nonzero()[:, 1].view(len(chosen), length)
-                for layer in range(probe.n_layers):
-                    matrix = probe.attention.get(layer)
-                    head_mean = None
-                    if matrix is not None:
-                        block = _blocks(matrix[chosen].double(), index)  # (S, H, L, L)
-                        attention[layer].add(length, spectral_response(block).mean(1))
-                        head_mean = block.mean(1)
-                    if layer in mixers:
-                        alpha, rescale = mixers[layer]
-                        for start in range(0, len(chosen), chunk):
-                            part = index[start : start + chunk].cpu()
-                            filt = _blocks(rescale.double().expand(len(part), -1, -1, -1), part)
-                            if head_mean is not None:
-                                other = head_mean[start : start + chunk, None].cpu()
-                                filt = alpha * filt + (1 - alpha) * other
-                            mixed[layer].add(length, spectral_response(filt).mean(1))
+            _add_spectra(probe, valid, lengths, attention, mixed, mixers, chunk)
     finally:
         probe.close()
     if seen == 0:
         raise ValueError("no validation sequences to analyse")
     grid = np.arange(max_len // 2 + 1) / max_len
-    result = {
+    result = _spectra_result(seen, max_len, grid, attention, mixed, probe.n_layers)
+    result["representations"] = [
+        {
+            "layer": index,
+            "singular_values": singular_values(torch.cat(last_rows[index])).tolist(),
+            "mean_cosine_similarity": cosine_sum[index] / max(cosine_count, 1),
+            "high_low_energy_ratio": high_sum[index] / low_sum[index]
+            if low_sum[index] > 0
+            else None,
+        }
+        for index in range(n_reps)
+    ]
+    result.update(model_specific(model, used_batches))
+    return result
+
+
+def _add_spectra(probe, valid, lengths, attention, mixed, mixers, chunk) -> None:
+    """Add the batch's spectral responses, per sequence length: each layer's attention
+    matrices (mean over heads) and, for BSARec's mixers, the matrix eq. 5 mixes."""
+    for length in sorted(set(lengths.tolist())):
+        if length < MIN_SPECTRAL_LENGTH:
+            continue
+        chosen = (lengths == length).nonzero().squeeze(-1)
+        index = valid[chosen].nonzero()[:, 1].view(len(chosen), length)
+        for layer in range(probe.n_layers):
+            matrix = probe.attention.get(layer)
+            head_mean = None
+            if matrix is not None:
+                block = _blocks(matrix[chosen].double(), index)  # (S, H, L, L)
+                attention[layer].add(length, spectral_response(block).mean(1))
+                head_mean = block.mean(1)
+            if layer in mixers:
+                alpha, rescale = mixers[layer]
+                for start in range(0, len(chosen), chunk):
+                    part = index[start : start + chunk].cpu()
+                    filt = _blocks(rescale.double().expand(len(part), -1, -1, -1), part)
+                    if head_mean is not None:
+                        other = head_mean[start : start + chunk, None].cpu()
+                        filt = alpha * filt + (1 - alpha) * other
+                    mixed[layer].add(length, spectral_response(filt).mean(1))
+
+
+def _spectra_result(seen, max_len, grid, attention, mixed, n_layers) -> dict:
+    return {
         "n_sequences": seen,
         "max_seq_length": max_len,
         "frequency_grid": grid.tolist(),
@@ -329,24 +352,10 @@ def analyse_model(model, batches, max_sequences: int = DEFAULT_MAX_SEQUENCES, ch
                 "attention_response": attention[layer].on_grid(grid),
                 "mixed_response": mixed[layer].on_grid(grid) if layer in mixed else None,
             }
-            for layer in range(probe.n_layers)
+            for layer in range(n_layers)
         ],
         "representations": [],
     }
-    for index in range(n_reps):
-        values = singular_values(torch.cat(last_rows[index]))
-        result["representations"].append(
-            {
-                "layer": index,
-                "singular_values": values.tolist(),
-                "mean_cosine_similarity": cosine_sum[index] / max(cosine_count, 1),
-                "high_low_energy_ratio": high_sum[index] / low_sum[index]
-                if low_sum[index] > 0
-                else None,
-            }
-        )
-    result.update(model_specific(model, used_batches))
-    return result
 
 
 def model_specific(model, batches) -> dict:

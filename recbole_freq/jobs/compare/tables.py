@@ -192,16 +192,25 @@ def runs_csv_text(records: dict, models, seeds, metrics) -> str:
 def markdown_table(rows, metrics, dataset, seeds, protocol: str = "", correction="holm") -> str:
     """The papers' layout: a mean ± std row per model (best mean in bold) naming the loss
     it trained with, then per proposed model an "Improv." row and a paired t-test row
-    against the best baseline."""
+    against the best baseline; the notes that say what each row means below it."""
     header = ["Model", "loss", *metrics, "s/epoch (train)", "epochs", "parameters"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += _model_lines(rows, metrics, spread=len(seeds) > 1)
+    lines += _gain_lines(rows, metrics, correction)
+    notes = _table_notes(rows, metrics, dataset, seeds, correction)
+    if protocol:
+        notes.append(protocol)
+    return "\n".join(lines + notes) + "\n"
+
+
+def _model_lines(rows, metrics, spread: bool) -> list[str]:
+    """One line per model: mean (± std with several seeds) per metric, best in bold."""
     best = {}
     for metric in metrics:
         pick = min if smaller_is_better(metric) else max
         best[metric] = pick(row[f"{metric}_mean"] for row in rows)
-    # With one seed there is no spread to show: values alone.
-    spread = len(seeds) > 1
     mixed = len({row.get("protocol") for row in rows}) > 1
+    lines = []
     for row in rows:
         cells = [row["model"] + (" (baseline)" if row["role"] == "baseline" else "")]
         if mixed:
@@ -218,6 +227,13 @@ def markdown_table(rows, metrics, dataset, seeds, protocol: str = "", correction
             f"{row['parameters']:,}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _gain_lines(rows, metrics, correction) -> list[str]:
+    """Per proposed model: its Improv. row, the paired t-test across seeds and, where
+    there are per-user ranks, the per-user tests."""
+    lines = []
     for row in rows:
         if row["role"] != "proposed" or not any(row[f"{m}_best_baseline"] for m in metrics):
             continue
@@ -235,7 +251,11 @@ def markdown_table(rows, metrics, dataset, seeds, protocol: str = "", correction
                     p_value = row.get(f"{metric}_{key}")
                     cells.append("n/a" if p_value is None else f"{p_value:.3g}")
                 lines.append("| " + " | ".join(cells + [""] * 3) + " |")
+    return lines
 
+
+def _table_notes(rows, metrics, dataset, seeds, correction) -> list[str]:
+    spread = len(seeds) > 1
     notes = [
         "",
         f"Dataset {dataset}; test results, "
@@ -286,9 +306,7 @@ def markdown_table(rows, metrics, dataset, seeds, protocol: str = "", correction
             )
             + "."
         )
-    if protocol:
-        notes.append(protocol)
-    return "\n".join(lines + notes) + "\n"
+    return notes
 
 
 def published_figures(dataset: str, labels) -> list[dict]:
