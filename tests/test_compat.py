@@ -43,6 +43,26 @@ def test_recboles_trainer_unpickles_no_checkpoint(tmp_path):
         trainer_module.torch.load(str(path))
 
 
+def test_recboles_own_trainer_tests_on_its_saved_checkpoint(small_config):
+    # Fix 2: RecBole's own Trainer (not the plugin's) saves its best checkpoint in the
+    # plain form and reads it back through the restricted loader for the test, which
+    # torch >= 2.6's weights-only default broke; the numbers are those of the weights saved.
+    from recbole.trainer import Trainer
+    from recbole.utils import get_model
+
+    config, train, valid, test = prepare("SASRec", dict(small_config, epochs=1))
+    model = get_model("SASRec")(config, train._dataset)
+    trainer = Trainer(config, model)
+    trainer.fit(train, valid, saved=True, show_progress=False)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(1.0)  # what the test must not see
+    reloaded = trainer.evaluate(test, load_best_model=True, show_progress=False)
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+    assert "ndcg@10" in reloaded
+
+
 def test_recboles_trainer_saves_atomically(tmp_path, monkeypatch):
     # Fix 2: a save that fails half-way leaves the previous file as it was.
     from recbole_freq.utils import files
