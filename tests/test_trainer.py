@@ -92,6 +92,19 @@ def test_a_recbole_trainer_of_its_own_gets_the_same_hooks(small_config, monkeypa
     assert epochs == [1, 1] and len(trainer.history) == 2
 
 
+def test_a_recbole_trainer_that_is_no_trainer_is_refused_before_loading(small_config, monkeypatch):
+    import recbole.utils
+    from recbole.trainer import DecisionTreeTrainer
+
+    from recbole_freq.cli import main
+
+    monkeypatch.setattr(recbole.utils, "get_trainer", lambda *_: DecisionTreeTrainer)
+    with pytest.raises(ValueError, match="DecisionTreeTrainer, which is not a Trainer"):
+        run("SASRec", "tiny", cmd_overrides=dict(small_config, data_path="/nonexistent"))
+    argv = ["--model=SASRec", "--dataset=tiny", *(f"--{k}={v}" for k, v in small_config.items())]
+    assert main(argv) == 2
+
+
 def test_history_and_seconds_reach_the_run_summary(small_config):
     summary = run("BSARec", "tiny", cmd_overrides=dict(small_config, epochs=2), saved=False)
     assert [epoch["epoch"] for epoch in summary["history"]] == [0, 1]

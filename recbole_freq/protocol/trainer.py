@@ -4,10 +4,12 @@ It is RecBole's ``Trainer`` with the plugin's hooks written as its own methods. 
 asks for a model's trainer through ``get_trainer``; ``trainer_for(config, model)``
 answers instead: ``FreqTrainer`` itself for every model RecBole trains with its
 ``Trainer`` (all sequential models, the plugin's and RecBole's).  A RecBole built-in
-with a trainer of its own (``S3RecTrainer``, ``KGTrainer``, ``TraditionalTrainer``, ...)
-gets the class ``(FreqTrainer, ThatTrainer)``, built once: Python's method order puts
-these hooks first and each one's ``super()`` call reaches that trainer's own method, so
-the same hooks run in front of it.
+with a trainer of its own derived from ``Trainer`` (``S3RecTrainer``, ``KGTrainer``,
+``TraditionalTrainer``, ...) gets the class ``(FreqTrainer, ThatTrainer)``, built once:
+Python's method order puts these hooks first and each one's ``super()`` call reaches
+that trainer's own method, so the same hooks run in front of it.  A trainer that is not
+a ``Trainer`` (``DecisionTreeTrainer`` of XGBoost and LightGBM) is refused before any
+data is loaded (``quick_start.preflight``).
 
 The hooks, each a method (or a callable attribute the caller sets):
 
@@ -356,6 +358,13 @@ def trainer_class(config) -> type:
     from recbole.utils import get_trainer
 
     base = get_trainer(config["MODEL_TYPE"], config["model"])
+    if not issubclass(base, Trainer):
+        # The hooks are methods of RecBole's Trainer; XGBoost's and LightGBM's
+        # DecisionTreeTrainer has none of them.
+        raise ValueError(
+            f"{config['model']} trains with RecBole's {base.__name__}, which is not a "
+            "Trainer and takes none of the plugin's hooks; train it with RecBole's run_recbole"
+        )
     if base not in _TRAINER_CLASSES:
         _TRAINER_CLASSES[base] = type(
             f"Freq{base.__name__}", (FreqTrainer, base), {"__module__": __name__}

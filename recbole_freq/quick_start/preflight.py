@@ -73,6 +73,7 @@ def check_run_settings(config) -> None:
     """A run that would not train, never validate, or fail after its first epoch is an
     error before anything runs."""
     from recbole_freq.config.settings import evaluation_mode_problem, metrics_problem
+    from recbole_freq.protocol.trainer import trainer_class
 
     problem = metrics_problem(config)
     if problem:
@@ -89,6 +90,7 @@ def check_run_settings(config) -> None:
         if problem:
             raise ValueError(f"{where} {problem}")
     builtin_class(get_model_class(config["model"]), config)  # refused in one line
+    trainer_class(config)  # a RecBole trainer the plugin's hooks cannot reach
     if config["log_wandb"]:
         import importlib.util
 
