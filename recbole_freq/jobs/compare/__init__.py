@@ -85,10 +85,17 @@ def _paper_models(
     # A denoiser's backbone beside it is the denoiser's reference: it shares the
     # denoiser's paper settings even where it has a paper file of its own (SASRec's
     # BSARec Table 2 settings), so that the pair differs only in the denoiser.
+    from recbole_freq.model.sequential_recommender.recdenoiser import DenoisingRecommender
+
     references = {}
     for model in models:
         for denoiser in models:
-            backbone = getattr(classes[denoiser], "default_backbone", None)
+            denoiser_class = classes[denoiser]
+            backbone = (
+                denoiser_class.default_backbone
+                if issubclass(denoiser_class, DenoisingRecommender)
+                else None
+            )
             if files[denoiser] is not None and backbone == classes[model].__name__:
                 references[model] = paper_reference_settings(classes[denoiser].__name__, dataset)
                 break
