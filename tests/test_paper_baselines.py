@@ -132,35 +132,50 @@ def oracle(model, batch, forward, pair):
     return torch.stack(losses).mean()
 
 
-def test_gru4rec_paper_loss_is_the_authors_bpr(lastfm_like, tmp_path):
-    _, model, trainer, batch = paper_run("GRU4Rec", lastfm_like, tmp_path)
+def paper_loss_and_oracle(model_name, root, tmp_path, forward_of, pair):
+    """``(ours, theirs, model)``: the trainer's last-position loss on the first batch of
+    ``model_name``'s paper run and the authors' loss written out row by row
+    (``oracle``) on the same negatives; ``forward_of(model, batch)`` gives a row's
+    output.  No dropout, so both see the same function."""
+    _, model, trainer, batch = paper_run(model_name, root, tmp_path)
     model.eval()
     with torch.no_grad():
         torch.manual_seed(0)
         ours = trainer.sampled_loss.last_position(batch)
+        theirs = oracle(model, batch, forward_of(model, batch), pair)
+    return ours, theirs, model
 
-        def forward(row):
-            length = batch["item_length"][row : row + 1]
-            return model.forward(batch["item_id_list"][row : row + 1], length)[0]
 
-        def bpr(positive, negative):
-            return -torch.log(1e-10 + torch.sigmoid(positive - negative))
+def by_items_and_length(model, batch):
+    def forward(row):
+        length = batch["item_length"][row : row + 1]
+        return model.forward(batch["item_id_list"][row : row + 1], length)[0]
 
-        expected = oracle(model, batch, forward, bpr)
+    return forward
+
+
+def test_gru4rec_paper_loss_is_the_authors_bpr(lastfm_like, tmp_path):
+    def bpr(positive, negative):
+        return -torch.log(1e-10 + torch.sigmoid(positive - negative))
+
+    ours, expected, _ = paper_loss_and_oracle(
+        "GRU4Rec", lastfm_like, tmp_path, by_items_and_length, bpr
+    )
     assert float(ours) == pytest.approx(float(expected), rel=1e-5)
 
 
 def test_caser_paper_loss_is_the_authors_bce_with_its_l2_terms(lastfm_like, tmp_path):
-    _, model, trainer, batch = paper_run("Caser", lastfm_like, tmp_path)
-    model.eval()
-    with torch.no_grad():
-        torch.manual_seed(0)
-        ours = trainer.sampled_loss.last_position(batch)
-
+    def by_user_and_items(model, batch):
         def forward(row):
             user = batch["user_id"][row : row + 1]
             return model.forward(user, batch["item_id_list"][row : row + 1])[0]
 
+        return forward
+
+    ours, without_l2, model = paper_loss_and_oracle(
+        "Caser", lastfm_like, tmp_path, by_user_and_items, bce
+    )
+    with torch.no_grad():
         norms = sum(
             weight.norm(2)
             for weight in (
@@ -176,25 +191,15 @@ def test_caser_paper_loss_is_the_authors_bce_with_its_l2_terms(lastfm_like, tmp_
             for name, parameter in model.conv_h.named_parameters()
             if name.endswith("weight")
         )
-        l2 = 1e-4 * norms + 1e-4 * horizontal
-        expected = oracle(model, batch, forward, bce) + l2
-        without_l2 = oracle(model, batch, forward, bce)
+        expected = without_l2 + 1e-4 * norms + 1e-4 * horizontal
     assert float(ours) == pytest.approx(float(expected), rel=1e-5)
     assert float(ours) != pytest.approx(float(without_l2), rel=1e-5)
 
 
 def test_sasrec_paper_loss_is_the_authors_bce(lastfm_like, tmp_path):
-    _, model, trainer, batch = paper_run("SASRec", lastfm_like, tmp_path)
-    model.eval()
-    with torch.no_grad():
-        torch.manual_seed(0)
-        ours = trainer.sampled_loss.last_position(batch)
-
-        def forward(row):
-            length = batch["item_length"][row : row + 1]
-            return model.forward(batch["item_id_list"][row : row + 1], length)[0]
-
-        expected = oracle(model, batch, forward, bce)
+    ours, expected, _ = paper_loss_and_oracle(
+        "SASRec", lastfm_like, tmp_path, by_items_and_length, bce
+    )
     assert float(ours) == pytest.approx(float(expected), rel=1e-5)
 
 
