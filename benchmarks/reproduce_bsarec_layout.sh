@@ -16,24 +16,7 @@
 # three lastfm seeds (and of the two Beauty folders) can be gathered into one folder and
 # tabulated with the same --compare command (it skips stored runs).
 set -uo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-data=${1:?usage: reproduce_bsarec_layout.sh DATA_PATH OUT_DIR [SECONDS]}
-out=${2:?usage: reproduce_bsarec_layout.sh DATA_PATH OUT_DIR [SECONDS]}
-seconds=${3:-0}
-python=${PYTHON:-$root/.venv/bin/python}
-mkdir -p "$out"
-export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONUNBUFFERED=1
-
-launch() {  # launch FOLDER ARGS...: one --compare in the background, logged
-  local folder=$1
-  shift
-  mkdir -p "$out/$folder"
-  local limit=()
-  [ "$seconds" != 0 ] && limit=(timeout -s TERM "$seconds")
-  "${limit[@]}" "$python" "$root/run_recbole_freq.py" --compare "$@" --out "$out/$folder" \
-    --data_path="$data" --checkpoint_dir="$out/saved" --show_progress=False \
-    >"$out/$folder/compare.log" 2>&1 &
-}
+source "$(dirname "${BASH_SOURCE[0]}")/side_by_side.sh" reproduce_bsarec_layout.sh "$@"
 
 for seed in 42 43 44; do
   launch "lastfm-seed$seed" BSARec,SASRec --dataset=lastfm --paper --seeds "$seed"
@@ -42,8 +25,4 @@ launch lastfm-FMLPRec FMLPRec --dataset=lastfm --protocol=bsarec --seeds 42
 launch lastfm-DuoRec DuoRec --dataset=lastfm --protocol=bsarec --seeds 42
 launch beauty-BSARec BSARec,SASRec --dataset=amazon-beauty --paper --seeds 42
 launch beauty-SASRec SASRec,BSARec --dataset=amazon-beauty --paper --seeds 42
-wait
-for log in "$out"/*/compare.log; do
-  echo "== $log"
-  tail -n 3 "$log"
-done
+wait_and_report

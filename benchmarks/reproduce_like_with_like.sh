@@ -16,24 +16,7 @@
 # lays the working tree anew and removes what it does not know, resume states included;
 # a folder outside it stays while the machine is held.
 set -uo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-data=${1:?usage: reproduce_like_with_like.sh DATA_PATH OUT_DIR [SECONDS]}
-out=${2:?usage: reproduce_like_with_like.sh DATA_PATH OUT_DIR [SECONDS]}
-seconds=${3:-0}
-python=${PYTHON:-$root/.venv/bin/python}
-mkdir -p "$out"
-export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYTHONUNBUFFERED=1
-
-launch() {  # launch FOLDER ARGS...: one --compare in the background, logged
-  local folder=$1
-  shift
-  mkdir -p "$out/$folder"
-  local limit=()
-  [ "$seconds" != 0 ] && limit=(timeout -s TERM "$seconds")
-  "${limit[@]}" "$python" "$root/run_recbole_freq.py" --compare "$@" --out "$out/$folder" \
-    --data_path="$data" --checkpoint_dir="$out/saved" --show_progress=False \
-    >>"$out/$folder/compare.log" 2>&1 &
-}
+source "$(dirname "${BASH_SOURCE[0]}")/side_by_side.sh" reproduce_like_with_like.sh "$@"
 
 for seed in 42 43 44; do
   launch "beauty-SASRec-seed$seed" SASRec --dataset=amazon-beauty --paper --seeds "$seed"
@@ -47,8 +30,4 @@ done
 for model in GRU4Rec Caser FMLPRec; do
   launch "lastfm-$model" "$model" --dataset=lastfm --paper --seeds 42
 done
-wait
-for log in "$out"/*/compare.log; do
-  echo "== $log"
-  tail -n 3 "$log"
-done
+wait_and_report
