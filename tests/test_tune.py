@@ -306,6 +306,42 @@ def test_a_cluster_with_token_authentication_says_what_to_set(tmp_path, small_co
     assert local.returncode == 0 and local.stdout.strip().endswith("1.0"), local.stderr[-500:]
 
 
+def test_a_search_starts_its_own_ray_whatever_cluster_the_temp_folder_names(tmp_path):
+    # Ray's temp folder is shared (/tmp/ray, writable by every user): an address file
+    # planted there named a dead cluster, and plain ray.init() hung trying to join it
+    # (or, with another user's head running there, ran the trials on it).
+    import subprocess
+    import tempfile
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{probe.getsockname()[1]}"
+    temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # Ray's socket paths are short
+    os.makedirs(os.path.join(temp_dir, "ray"))
+    with open(os.path.join(temp_dir, "ray", "ray_current_cluster"), "w") as planted:
+        planted.write(dead)
+    script = (
+        "import ray\n"
+        "from recbole_freq.jobs.ray_cluster import start_or_join\n"
+        "assert start_or_join(ray, num_cpus=1)\n"
+        "print('joined', ray.get_runtime_context().gcs_address)\n"
+        "ray.shutdown()\n"
+    )
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=150,
+            env=dict(environment, RAY_TMPDIR=temp_dir),
+        )  # fmt: skip
+    finally:
+        import shutil
+
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-800:]
+    joined = done.stdout.split("joined ")[-1].strip()
+    assert joined and joined != dead
+
+
 @pytest.fixture(scope="module")
 def ray_session():
     """One local Ray for the searches of this module (starting Ray takes seconds)."""

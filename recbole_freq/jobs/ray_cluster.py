@@ -4,7 +4,8 @@ the search (``recbole_freq.jobs.tune``) and the comparison's ``--ray`` mode.
 - ``import_ray``: Ray, or one line saying what to install;
 - ``check_address``: fail in seconds on an address nothing listens on (``ray.init``
   would retry for minutes);
-- ``start_or_join``: join ``address`` (else ``RAY_ADDRESS``) or start a local Ray;
+- ``start_or_join``: join ``address`` (else ``RAY_ADDRESS``) or start a local Ray, never
+  the cluster Ray's temp folder last recorded;
 - ``check_resources``: a task asking for more CPUs or GPUs than the cluster has waits
   forever: refused on a local Ray this call started, a warning on a cluster (its
   autoscaler may still add nodes).
@@ -132,7 +133,12 @@ def start_or_join(ray, address=None, num_cpus=None, error=RaySetupError) -> bool
         if address:
             ray.init(address=address, log_to_driver=False)
         else:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            # "local": without it ray.init joins whatever cluster the address file in the
+            # shared temp folder names ($RAY_TMPDIR/ray/ray_current_cluster, writable by
+            # every user), a stranger's or a dead one.
+            ray.init(
+                address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False
+            )
     except (ConnectionError, TimeoutError, RuntimeError) as failure:
         where = f"the Ray cluster at {address}" if address else "a local Ray"
         raise error(f"cannot start or join {where}: {failure}") from None
