@@ -93,6 +93,12 @@ def test_parser_reads_every_recbole_keyword_with_recbole_semantics():
         ("size quniform 5,6,10", "no multiple of q"),
         ("size quniform 1,1e12,1", "has 1,000,000,000,000 values, more than the 100,000"),
         ("learning_rate choice [0.1]", "already defined on line 1"),
+        # Tracebacks before: exp(1000) overflowed, 1/1e-320 was inf.
+        (
+            "lr loguniform 1,1000",
+            "exp(1000) overflows; for values from 1 to 1000 write loguniform 0,6.908",
+        ),
+        ("size quniform 0,1,1e-320", "the step q=1e-320 is too small"),
     ],
 )
 def test_malformed_line_names_line_and_number(tmp_path, line, message):
@@ -182,6 +188,10 @@ def _hyper(tmp_path, text, name="space.hyper"):
         ("alpha choice [0.1,0.3]", {"grace_period": 5}, "--grace_period 5"),
         ("alpha choice [0.1,0.3]", {"cpus_per_trial": 0}, "positive --cpus_per_trial"),
         ("alpha choice [0.1]", {"cmd_overrides": {"nproc": "2"}}, "nproc and world_size"),
+        # The command line's rules: a search with epochs 0 "completed" with valid -inf.
+        ("epochs choice [0]", {}, r"line 1: epochs = 0: epochs=0: a run needs at least 1"),
+        ("eval_step choice [1,500]", {}, r"eval_step = 500: eval_step=500 with epochs="),
+        ("valid_metric choice ['NDCG@20','MRR@10']", {}, "valid_metric = 'MRR@10'"),
     ],
 )
 def test_bad_search_requests_fail_before_ray_starts(tmp_path, small_config, text, kwargs, message):
@@ -195,7 +205,7 @@ def test_bad_search_requests_fail_before_ray_starts(tmp_path, small_config, text
             "BSARec",
             "tiny",
             _hyper(tmp_path, text),
-            config_dict=small_config,
+            config_dict={k: v for k, v in small_config.items() if k != text.split()[0]},
             storage_path=tmp_path / "results",
             **kwargs,
         )

@@ -8,6 +8,7 @@ import ast
 import math
 import random
 import re
+import sys
 from dataclasses import dataclass
 
 HYPER_TYPES = ("choice", "uniform", "quniform", "loguniform")
@@ -49,6 +50,16 @@ class HyperParam:
             values = [k * self.q for k in range(first, last + 1)]
             return [int(round(v)) for v in values] if self.integer else values
         return None
+
+    def extremes(self) -> list:
+        """The values a trial can be given that any check must pass: every value of a
+        discrete parameter, the two bounds of a continuous one."""
+        values = self.grid_values()
+        if values is not None:
+            return values
+        if self.kind == "loguniform":
+            return [math.exp(self.low), math.exp(self.high)]
+        return [self.low, self.high]
 
     def to_tune(self):
         """The Ray Tune sampling domain with RecBole's meaning of the keyword."""
@@ -137,6 +148,8 @@ def parse_hyper_lines(lines, source: str = "<hyper>") -> dict[str, HyperParam]:
             (low, high, q), integer = _numbers(text, 3, where, "'low,high,q'")
             if q <= 0:
                 raise HyperFileError(f"{where}: the step q must be positive")
+            if not (math.isfinite(low / q) and math.isfinite(high / q)):
+                raise HyperFileError(f"{where}: the step q={q} is too small for [{low}, {high}]")
             if low > high:
                 raise HyperFileError(f"{where}: low {low} is above high {high}")
             param = HyperParam(name, kind, low=low, high=high, q=q, integer=integer, line=number)
@@ -153,6 +166,13 @@ def parse_hyper_lines(lines, source: str = "<hyper>") -> dict[str, HyperParam]:
             (low, high), _ = _numbers(text, 2, where, "'low,high'")
             if low >= high:
                 raise HyperFileError(f"{where}: low {low} must be below high {high}")
+            if kind == "loguniform" and high > math.log(sys.float_info.max):
+                meant = f"loguniform {math.log(low):.4g},{math.log(high):.4g}" if low > 0 else ""
+                raise HyperFileError(
+                    f"{where}: loguniform bounds are natural logs (RecBole's meaning), and "
+                    f"exp({high:g}) overflows"
+                    + (f"; for values from {low:g} to {high:g} write {meant}" if meant else "")
+                )
             param = HyperParam(name, kind, low=low, high=high, line=number)
         space[name] = param
     return space

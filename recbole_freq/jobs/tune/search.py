@@ -70,6 +70,24 @@ def _validate_space(space, config, fixed):
                 raise TuneSetupError(
                     f"line {param.line}: {name} {problem}, got the choice {value!r}"
                 )
+        for value in param.extremes():
+            _check_as_a_run_would(config, name, value, param.line)
+
+
+def _check_as_a_run_would(config, name: str, value, line: int) -> None:
+    """The checks a training run makes of its settings (``check_run_settings``), on the
+    fixed settings with ``name`` set to ``value``: ``epochs choice [0]`` "completed" a
+    search with valid -inf and a best.yaml that training refuses."""
+    from recbole_freq.quick_start.preflight import check_run_settings
+
+    before = config[name]
+    config[name] = value
+    try:
+        check_run_settings(config)
+    except ValueError as problem:
+        raise TuneSetupError(f"line {line}: {name} = {value!r}: {problem}") from None
+    finally:
+        config[name] = before
 
 
 def _searcher(search, space, metric_mode, num_samples, max_concurrent, seed):
