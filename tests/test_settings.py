@@ -27,8 +27,8 @@ def cli(config: dict) -> list[str]:
     return [f"--{key}={value}" for key, value in config.items()]
 
 
-def run_main(small_config, *args, model="BSARec"):
-    return main([f"--model={model}", "--dataset=tiny", *cli(small_config), *args])
+def run_main(small_config, *args, model="BSARec", dataset="tiny"):
+    return main([f"--model={model}", f"--dataset={dataset}", *cli(small_config), *args])
 
 
 def one_error_line(capsys) -> str:
@@ -483,9 +483,34 @@ def test_a_timestamp_that_is_not_a_finite_number_is_one_line(
     user, item, _ = lines[5].split("\t")
     lines[5] = f"{user}\t{item}\t{timestamp}"
     inter.write_text("\n".join(lines) + "\n")
-    assert run_main(dict(small_config, data_path=str(data)), model="SASRec") == 2
+    config = dict(small_config, data_path=str(data))
+    assert run_main(config, model="SASRec") == 2
+    assert "tiny.inter is not the file tiny.stats.json records" in one_error_line(capsys)
+    (data / "tiny" / "tiny.stats.json").unlink()  # edited on purpose: no manifest
+    assert run_main(config, model="SASRec") == 2
     err = one_error_line(capsys)
     assert f"tiny.inter, line 6: timestamp {timestamp!r} is not a finite number" in err
+
+
+def test_a_time_column_typed_as_text_is_refused_not_sorted_as_text(small_config, tmp_path, capsys):
+    # Rows shuffled and the header typed timestamp:token: RecBole sorted the times as
+    # text ("10" before "9") and most users got another test target, exit 0.
+    import random
+
+    folder = tmp_path / "data" / "texttime"
+    folder.mkdir(parents=True)
+    rows = [
+        f"{user}\t{(user + step) % 30 + 1}\t{step}" for user in range(1, 41) for step in range(12)
+    ]
+    random.Random(0).shuffle(rows)
+    header = "user_id:token\titem_id:token\ttimestamp:token"
+    (folder / "texttime.inter").write_text("\n".join([header, *rows]) + "\n")
+    config = dict(small_config, data_path=str(tmp_path / "data"))
+    assert run_main(config, model="SASRec", dataset="texttime") == 2
+    err = one_error_line(capsys)
+    assert "the time column is declared 'timestamp:token'" in err
+    assert "declare it timestamp:float" in err
+    assert not list(Path(config["checkpoint_dir"]).glob("*.pth"))
 
 
 def test_load_col_without_the_item_column_is_one_line(small_config, capsys):

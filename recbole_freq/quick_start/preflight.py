@@ -204,6 +204,7 @@ def check_timestamps(config) -> None:
         names = inter_columns(inter, separator)
         if time_field not in names:
             continue
+        _check_time_type(inter, separator, names.index(time_field))
         column = pd.read_csv(
             inter,
             sep=separator,
@@ -271,6 +272,20 @@ def extra_test_modes(config) -> list[str]:
     """The run's ``extra_test_modes`` as a list (a single mode may be given as a string)."""
     modes = config["extra_test_modes"] or []
     return [modes] if isinstance(modes, str) else list(modes)
+
+
+def _check_time_type(inter, separator: str, position: int) -> None:
+    """RecBole orders by the time column as its header types it: ``:token`` values are
+    text, sorted as text (``"10"`` before ``"9"``), which reorders the histories."""
+    with open(inter, encoding="utf-8", errors="replace") as handle:
+        declared = handle.readline().rstrip("\r\n").split(separator)[position]
+    name, _, kind = declared.partition(":")
+    if kind != "float":
+        raise ValueError(
+            f"{inter}: the time column is declared {declared!r}; RecBole would order each "
+            f"history by it as {kind or 'untyped'} values, not as numbers ('10' before '9'): "
+            f"declare it {name}:float in the header"
+        )
 
 
 def check_before_loading(config, saved: bool) -> None:
