@@ -1,8 +1,11 @@
 """Raw file -> RecBole atomic files.
 
 Writes ``<name>.inter``, ``<name>.stats.json`` and, for raw logs whose ids are
-re-mapped, ``<name>.idmap.json`` (the raw id behind every new id), all or
-nothing.
+re-mapped, ``<name>.idmap.json`` (the raw id behind every new id).  Each is renamed
+into place from a temporary, ``<name>.stats.json`` last: it is the manifest, recording
+the sha256 of the others, so a preparation killed between two renames leaves files
+that the plugin refuses to load together (``recbole_freq.data.guard.check_files_agree``)
+until the dataset is prepared again.
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ def _read_with_hint(reader, chosen, raw_path, show_progress, core, table, name, 
 def _stats_summary(name, chosen, raw, reader, stats, expected, mismatches, files) -> dict:
     """The ``<name>.stats.json`` record: source, files and their digest, the preparation,
     the statistics and whether they match the expected ones."""
-    inter_path, inter_sha256, idmap_path = files
+    inter_path, inter_sha256, idmap_path, idmap_sha256 = files
     return {
         "schema": STATS_SCHEMA,
         "dataset": name,
@@ -99,6 +102,7 @@ def _stats_summary(name, chosen, raw, reader, stats, expected, mismatches, files
         "inter_file": inter_path.name,
         "inter_sha256": inter_sha256,
         "idmap_file": idmap_path.name if idmap_path is not None else None,
+        "idmap_sha256": idmap_sha256,
         "preparation": raw.details or None,
         "real_time": (
             {"column": REAL_TIME_COLUMN, "unit": "seconds", "from": reader.real_time}
@@ -158,14 +162,17 @@ def convert(
         inter_sha256 = write_inter(stage.open(inter_path.name), raw.sequences, raw.times)
         if not force:
             _refuse_replacing_other_data(inter_path, inter_sha256, name, raw)
+        idmap_sha256 = None
         if raw.id_map is not None and idmap_path is not None:
             idmap = {"schema": IDMAP_SCHEMA, "dataset": name, **raw.id_map.to_dict()}
-            stage.open(idmap_path.name).write(_json_bytes(idmap, indent=None))
+            idmap_bytes = _json_bytes(idmap, indent=None)
+            stage.open(idmap_path.name).write(idmap_bytes)
+            idmap_sha256 = hashlib.sha256(idmap_bytes).hexdigest()
         else:
             stage.remove(f"{name}.idmap.json")  # ids are not re-mapped: no map applies
         summary = _stats_summary(
             name, chosen, raw, reader, stats, expected, mismatches,
-            (inter_path, inter_sha256, idmap_path),
+            (inter_path, inter_sha256, idmap_path, idmap_sha256),
         )  # fmt: skip
         stage.open(stats_path.name).write(_json_bytes(summary, indent=2))
 

@@ -25,10 +25,10 @@ def _plain_checkpoint(checkpoint):
     return to_plain_checkpoint(checkpoint)
 
 
-def _restore_model(path, device="cpu"):
+def _restore_model(path, device="cpu", trust_data=False):
     from recbole_freq.quick_start.restore import restore_model
 
-    return restore_model(path, device=device)
+    return restore_model(path, device=device, trust_data=trust_data)
 
 
 def _download_refusal(dataset):

@@ -42,6 +42,20 @@ def write_sequences(path: Path, n_users=60, n_items=40, seed=0, min_len=5, max_l
     return path
 
 
+def permuted_items(source: Path, target: Path, seed: int = 7) -> Path:
+    """The same users and histories with the items renamed by a permutation: data of the
+    same shape that a model's weights fit without an error."""
+    import random
+
+    lines = [line.split() for line in source.read_text().splitlines()]
+    items = sorted({item for line in lines for item in line[1:]}, key=int)
+    renamed = dict(zip(items, random.Random(seed).sample(items, len(items))))
+    target.write_text(
+        "".join(" ".join([line[0], *(renamed[i] for i in line[1:])]) + "\n" for line in lines)
+    )
+    return target
+
+
 def prepare(model, overrides, dataset="tiny"):
     """``(config, train, valid, test)`` of ``model`` on a prepared dataset through the real
     pipeline (``quick_start.load_splits``), the global RNG then seeded as for a model

@@ -12,7 +12,7 @@ import torch
 from recbole.data.interaction import Interaction
 from recbole.utils.case_study import full_sort_scores, full_sort_topk
 
-from conftest import SMALL_MODEL, write_sequences
+from conftest import SMALL_MODEL, permuted_items, write_sequences
 from dataset_prep import convert_one_line
 from recbole_freq.checkpoint.loader import (
     CheckpointError,
@@ -194,7 +194,35 @@ def test_checkpoint_of_another_dataset_is_refused(trained, tmp_path, capsys):
     unfingerprinted = tmp_path / "old.pth"
     torch.save(old, unfingerprinted, pickle_protocol=4)
     with pytest.raises(CheckpointMismatchError, match="does not fit dataset 'tiny'"):
+        restore_model(unfingerprinted, data_path=other, trust_data=True)
+
+
+def test_a_checkpoint_without_a_dataset_fingerprint_needs_trust_data(
+    trained, tiny_data, tmp_path, capsys
+):
+    # Same users, same item count, items permuted: the weights fit, and the old
+    # checkpoint (no fingerprint) recommended other items with the same scores, exit 0.
+    other = tmp_path / "other"
+    permuted = permuted_items(tiny_data / "tiny.txt", tmp_path / "permuted.txt")
+    convert_one_line(permuted, other, "tiny", show_progress=False)
+    old = load_checkpoint(trained)
+    old["config"]["dataset_sha256"] = None
+    unfingerprinted = str(tmp_path / "old.pth")
+    torch.save(old, unfingerprinted, pickle_protocol=4)
+    with pytest.raises(CheckpointMismatchError, match="records no dataset fingerprint"):
         restore_model(unfingerprinted, data_path=other)
+    for job in (["--recommend", unfingerprinted, "--users", "1"], ["--evaluate", unfingerprinted],
+                ["--analyze", unfingerprinted, "--out", str(tmp_path / "analysis")]):  # fmt: skip
+        assert main([*job, "--data_path", str(other)]) == 2, job
+        err = capsys.readouterr().err
+        assert "records no dataset fingerprint" in err and "--trust_data" in err
+        assert err.count("\n") == 1, err
+    assert not (tmp_path / "analysis").exists()
+    # The user's word: used on the data found.
+    recommend_argv = ["--recommend", unfingerprinted, "--users", "1", "--trust_data"]
+    assert main([*recommend_argv, "--data_path", str(other)]) == 0
+    assert main(["--trust_data", "--epochs=1"]) == 2
+    assert "--trust_data goes with --resume" in capsys.readouterr().err
 
 
 # --- safe loading ----------------------------------------------------------------------
@@ -381,3 +409,53 @@ def test_all_users_reads_a_single_interaction_as_a_history(with_single_interacti
     assert captured.err.count("skipped") == 1
     assert "skipped 1 user(s) with no test row (too few interactions): 900" in captured.err
     assert "900" not in {row["user"] for row in csv.DictReader(io.StringIO(captured.out))}
+
+
+def test_a_preparation_killed_between_its_renames_is_refused_until_prepared_again(
+    shop_log, tmp_path, monkeypatch, capsys
+):
+    import shutil
+
+    import dataset_prep.atomic
+    from dataset_prep import convert
+
+    work, checkpoint = shop_log
+    data = tmp_path / "data"
+    shutil.copytree(work / "data", data)
+    # Another log: customers renamed, the first one's rows left out.
+    other = tmp_path / "other.csv"
+    header, *rows = (work / "log.csv").read_text().splitlines()
+    kept_rows = [row.replace("cust-", "client-") for row in rows if not row.startswith("cust-000,")]
+    other.write_text("\n".join([header, *kept_rows]) + "\n")
+    real_replace, renamed = os.replace, []
+
+    def killed_after_the_first_rename(source, target):
+        if renamed:
+            raise KeyboardInterrupt  # the process dies here; what was renamed stays
+        real_replace(source, target)
+        renamed.append(target)
+
+    monkeypatch.setattr(dataset_prep.atomic.os, "replace", killed_after_the_first_rename)
+    with pytest.raises(KeyboardInterrupt):
+        convert(other, data, "shop", fmt="csv", core=1, show_progress=False, force=True)
+    monkeypatch.undo()
+    assert [Path(path).name for path in renamed] == ["shop.inter"]
+    # The new .inter beside the old manifest and id map: trained on, the model
+    # recommended the first log's raw ids with exit 0.
+    argv = ["--dataset=shop", "--epochs=1", f"--data_path={data}", f"--checkpoint_dir={tmp_path}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "shop.inter is not the file shop.stats.json records" in err
+    assert "python -m dataset_prep" in err and err.count("\n") == 1
+    assert main(["--recommend", checkpoint, "--users", "1", "--data_path", str(data)]) == 2
+    assert "a preparation was interrupted" in capsys.readouterr().err
+    # An id map left beside a manifest that names none, or missing where it names one.
+    convert(other, data, "shop", fmt="csv", core=1, show_progress=False, force=True)
+    idmap = data / "shop" / "shop.idmap.json"
+    kept = idmap.read_bytes()
+    idmap.write_bytes(kept.replace(b"client-", b"cust-"))
+    assert main(argv) == 2
+    assert "shop.idmap.json is not the id map" in capsys.readouterr().err
+    idmap.unlink()
+    assert main(argv) == 2
+    assert "shop.idmap.json, which shop.stats.json names, is missing" in capsys.readouterr().err

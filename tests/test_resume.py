@@ -214,3 +214,43 @@ def test_ctrl_c_while_starting_is_one_line_and_130(tmp_path):
     assert process.returncode == 130, err
     assert err.strip().splitlines()[-1].startswith("interrupted:"), err
     assert "Traceback" not in err
+
+
+def test_resume_refuses_data_prepared_again_and_states_without_a_fingerprint(
+    small_config, tmp_path, monkeypatch, capsys
+):
+    import torch
+
+    from conftest import permuted_items, write_sequences
+    from dataset_prep import convert_one_line
+    from recbole_freq.checkpoint.loader import load_checkpoint
+
+    data = tmp_path / "data"
+    raw = write_sequences(tmp_path / "shop.txt", seed=4)
+    convert_one_line(raw, data, "shop", show_progress=False)
+    config = dict(small_config, epochs=3, data_path=str(data))
+    interrupt_at_epoch(monkeypatch, 2)
+    with pytest.raises(RunInterrupted):
+        run("SASRec", "shop", config_dict=config)
+    monkeypatch.undo()
+    (state_file,) = Path(small_config["checkpoint_dir"]).glob("*.resume.pth")
+    recorded = load_checkpoint(state_file)["config"]["dataset_sha256"]
+
+    # The same users and items, permuted: it continued on the other data with exit 0.
+    permuted = permuted_items(raw, tmp_path / "permuted.txt")
+    convert_one_line(permuted, data, "shop", show_progress=False, force=True)
+    assert main(["--resume", str(state_file)]) == 2
+    err = capsys.readouterr().err
+    assert f"was trained on dataset 'shop' with sha256 {recorded[:16]}" in err
+    assert "now holds sha256" in err and err.count("\n") == 1
+    assert state_file.exists()  # nothing consumed
+
+    # A state that records no fingerprint proves nothing: refused unless --trust_data.
+    convert_one_line(raw, data, "shop", show_progress=False, force=True)
+    state = load_checkpoint(state_file)
+    state["config"]["dataset_sha256"] = None
+    torch.save(state, state_file, pickle_protocol=4)
+    assert main(["--resume", str(state_file)]) == 2
+    assert "records no dataset fingerprint" in capsys.readouterr().err
+    assert main(["--resume", str(state_file), "--trust_data"]) == 0
+    assert not state_file.exists()

@@ -4,11 +4,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
 
-from recbole_freq.cli.common import EXPECTED_ERRORS, CommandLineParser, report_error
+from recbole_freq.cli.common import (
+    EXPECTED_ERRORS,
+    CommandLineParser,
+    add_trust_data_option,
+    report_error,
+)
 from recbole_freq.utils.command import DEFAULT_MAX_SEQUENCES, invoked_command
 from recbole_freq.utils.files import OutputWriteError, check_writable, write_atomic
 
@@ -26,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--data_path", default=None, help="folder holding <dataset>/ (default: the training run's)"
     )
     parser.add_argument("--device", default="cpu")
+    add_trust_data_option(parser, "checkpoint")
     return parser
 
 
@@ -37,6 +44,7 @@ def cli(argv: list[str]) -> int:
     from recbole_freq.jobs.analyze.measures import analyse_checkpoint, label_results
 
     out = Path(args.out or Path("analysis") / "_vs_".join(Path(p).stem for p in args.analyze))
+    created = not out.exists()
     try:
         if args.max_sequences < 1:
             raise ValueError(f"--max_sequences={args.max_sequences} must be >= 1")
@@ -45,7 +53,9 @@ def cli(argv: list[str]) -> int:
         for path in args.analyze:
             try:
                 results.append(
-                    analyse_checkpoint(path, args.data_path, args.max_sequences, args.device)
+                    analyse_checkpoint(
+                        path, args.data_path, args.max_sequences, args.device, args.trust_data
+                    )
                 )
             except (*EXPECTED_ERRORS, CheckpointError, UntrustedCheckpointError) as error:
                 if len(args.analyze) == 1:
@@ -65,6 +75,9 @@ def cli(argv: list[str]) -> int:
                 file=sys.stderr,
             )
     except (*EXPECTED_ERRORS, CheckpointError, UntrustedCheckpointError) as error:
+        if created:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # the folder this call made, still empty: nothing left behind
         return report_error(error)
     label_results(results)
     figures = []

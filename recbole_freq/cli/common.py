@@ -58,6 +58,17 @@ class CommandLineParser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
+def add_trust_data_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--trust_data``: use a file that records no dataset fingerprint (one RecBole
+    itself wrote) on the data it points at (``recbole_freq.data.guard``)."""
+    parser.add_argument(
+        "--trust_data",
+        action="store_true",
+        help=f"use a {what} that records no dataset fingerprint (e.g. one RecBole itself "
+        "wrote) on the data found now; without it such a file is refused",
+    )
+
+
 def split_config_files(files):
     """``--config_files a.yaml b.yaml`` and RecBole's ``--config_files="a.yaml b.yaml"``;
     an entry that names a file as it stands (``"my config.yaml"``) is that one file."""

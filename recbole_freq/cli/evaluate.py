@@ -6,7 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from recbole_freq.cli.common import EXPECTED_ERRORS, CommandLineParser, report_error
+from recbole_freq.cli.common import (
+    EXPECTED_ERRORS,
+    CommandLineParser,
+    add_trust_data_option,
+    report_error,
+)
 from recbole_freq.utils.command import invoked_command
 from recbole_freq.utils.files import check_output_file, write_atomic
 
@@ -32,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--data_path", default=None, help="folder holding <dataset>/ (default: the training run's)"
     )
     parser.add_argument("--device", default="cpu")
+    add_trust_data_option(parser, "checkpoint")
     parser.add_argument("--output", default=None, help="also write the results as JSON here")
     return parser
 
@@ -43,7 +49,9 @@ def cli(argv: list[str]) -> int:
     try:
         if args.output:
             check_output_file(args.output, "--output")
-        results = evaluate_checkpoint(args.evaluate, args.under, args.data_path, args.device)
+        results = evaluate_checkpoint(
+            args.evaluate, args.under, args.data_path, args.device, args.trust_data
+        )
         if args.output:
             write_atomic(args.output, json.dumps(results, indent=2))
     except EXPECTED_ERRORS as error:

@@ -9,7 +9,12 @@ import sys
 
 import numpy as np
 
-from recbole_freq.cli.common import EXPECTED_ERRORS, CommandLineParser, report_error
+from recbole_freq.cli.common import (
+    EXPECTED_ERRORS,
+    CommandLineParser,
+    add_trust_data_option,
+    report_error,
+)
 from recbole_freq.utils.command import RECOMMEND_CONTEXTS as CONTEXTS
 from recbole_freq.utils.command import RECOMMEND_FORMATS as FORMATS
 from recbole_freq.utils.command import invoked_command
@@ -51,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--batch_size", type=int, default=512)
     parser.add_argument("--device", default="cpu")
+    add_trust_data_option(parser, "checkpoint")
     return parser
 
 
@@ -105,7 +111,7 @@ def cli(argv: list[str]) -> int:
         if args.output:
             check_output_file(args.output, "--output")
         model, config, dataset, loaders, checkpoint = restore_model(
-            args.recommend, args.data_path, args.device
+            args.recommend, args.data_path, args.device, trust_data=args.trust_data
         )
         print(describe_checkpoint(args.recommend, config, checkpoint), file=sys.stderr)
         splits = [loader._dataset for loader in loaders]

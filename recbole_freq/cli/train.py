@@ -9,6 +9,7 @@ from recbole_freq.cli.common import (
     EXPECTED_ERRORS,
     CommandLineParser,
     UsageError,
+    add_trust_data_option,
     parse_job_args,
     report_error,
     split_config_files,
@@ -25,6 +26,7 @@ jobs (one per call):
   --recommend CKPT          top-k recommendations of a trained checkpoint
   --evaluate CKPT --under V test a checkpoint under other evaluation protocols
   --resume FILE.resume.pth  continue an interrupted training run from its last epoch
+                            (--trust_data: one that records no dataset fingerprint)
 Each job has its own --help (e.g. --compare --help).
 
 common overrides (any RecBole or model setting, as --key=value):
@@ -78,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="continue the interrupted run whose resume state is FILE (<checkpoint>.resume.pth)",
     )
+    add_trust_data_option(parser, "resume state (--resume)")
     return parser
 
 
@@ -171,8 +174,10 @@ def cli(argv: list[str]) -> int:
                 raise UsageError(
                     "--resume continues a run with its own settings; give no other settings"
                 )
-            summary = resume_run(args.resume)
+            summary = resume_run(args.resume, trust_data=args.trust_data)
         else:
+            if args.trust_data:
+                raise UsageError("--trust_data goes with --resume (or --recommend, --evaluate)")
             summary = run(
                 model=args.model or DEFAULT_MODEL,
                 dataset=args.dataset or DEFAULT_DATASET,

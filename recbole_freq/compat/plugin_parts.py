@@ -12,7 +12,7 @@ from __future__ import annotations
 PARTS = {
     "load_checkpoint": "(file, map_location) -> the checkpoint dict, read safely (fix 2)",
     "plain_checkpoint": "(checkpoint dict) -> its plain-data form (fix 2)",
-    "restore_model": "(path, device) -> model, config, dataset, splits, checkpoint (fix 2)",
+    "restore_model": "(path, device, trust_data) -> model, config, dataset, splits, checkpoint (fix 2)",
     "download_refusal": "(RecBole dataset) -> the error to raise instead, or None (fix 9)",
 }
 _registered: dict = {}

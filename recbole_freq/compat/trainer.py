@@ -84,8 +84,10 @@ def load_data_and_model(model_file):
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    # RecBole's API has no --trust_data, and RecBole's own checkpoints record no dataset
+    # fingerprint: they are used on the data found, as RecBole itself would.
     model, config, dataset, (train_data, valid_data, test_data), _ = part("restore_model")(
-        model_file, device=device
+        model_file, device=device, trust_data=True
     )
     return config, model, dataset, train_data, valid_data, test_data
 

@@ -2,7 +2,8 @@
 
 A missing dataset is an error that names the command preparing it (``check_prepared``;
 RecBole's own download is replaced by the same error in ``compat``, fix 9), and every
-run records a fingerprint of the atomic files it read (``dataset_fingerprint``).
+run records a fingerprint of the atomic files it read (``dataset_fingerprint``), which
+whatever continues or reuses the run checks first (``check_recorded_dataset``).
 """
 
 from __future__ import annotations
@@ -68,7 +69,69 @@ def check_prepared(config) -> str:
             )
     elif not os.path.isfile(files[0]):
         raise not_prepared_error(config["dataset"], config["data_path"])
+    else:
+        check_files_agree(config["data_path"], config["dataset"])
     return files[0]
+
+
+class DatasetInconsistentError(ValueError):
+    """A prepared dataset whose files do not belong together."""
+
+
+def _file_sha256(path: str) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_files_agree(folder: str, name: str) -> None:
+    """The files ``dataset_prep`` wrote together must still be the ones its manifest
+    (``<name>.stats.json``, renamed into place last) records: a preparation killed
+    between its renames leaves a new ``.inter`` beside the old id map, and a model
+    trained on it would recommend the other log's raw ids.  A folder without a manifest
+    (atomic files made by hand) has nothing to check against."""
+    import json
+
+    stats_path = os.path.join(folder, f"{name}.stats.json")
+    if not os.path.isfile(stats_path):
+        return
+    try:
+        with open(stats_path, encoding="utf-8") as handle:
+            stats = json.loads(handle.read(1 << 22))
+    except (OSError, ValueError, RecursionError):
+        stats = None
+    if not isinstance(stats, dict) or not isinstance(stats.get("inter_sha256"), str):
+        raise DatasetInconsistentError(
+            f"{stats_path} is damaged or not dataset_prep's: prepare {name!r} again "
+            "(python -m dataset_prep ... --force), or remove it if you made the files yourself"
+        )
+    problem = _disagreement(folder, name, stats)
+    if problem:
+        raise DatasetInconsistentError(
+            f"dataset {name!r} in {folder}: {problem}; a preparation was interrupted or a file "
+            "was changed by hand. Prepare it again (python -m dataset_prep ... --force), or "
+            f"delete {name}.stats.json to use files you edited on purpose"
+        )
+
+
+def _disagreement(folder: str, name: str, stats: dict) -> str | None:
+    inter = os.path.join(folder, f"{name}.inter")
+    if _file_sha256(inter) != stats["inter_sha256"]:
+        return f"{name}.inter is not the file {name}.stats.json records"
+    idmap = os.path.join(folder, f"{name}.idmap.json")
+    recorded_map = stats.get("idmap_file")
+    if recorded_map is None and os.path.lexists(idmap):
+        return f"{name}.idmap.json is left from another preparation (its manifest names none)"
+    if recorded_map is not None and not os.path.isfile(idmap):
+        return f"{name}.idmap.json, which {name}.stats.json names, is missing"
+    recorded_sha = stats.get("idmap_sha256")
+    if recorded_map is not None and recorded_sha and _file_sha256(idmap) != recorded_sha:
+        return f"{name}.idmap.json is not the id map {name}.stats.json records"
+    return None
 
 
 ATOMIC_SUFFIXES = ("inter", "user", "item", "kg", "link", "net")
@@ -94,3 +157,36 @@ def dataset_fingerprint(config) -> str:
                 digest.update(block)
         digest.update(b"\0")
     return digest.hexdigest()
+
+
+class DatasetChangedError(ValueError):
+    """Data that is not the data a checkpoint or resume state was trained on."""
+
+
+TRUST_DATA_OPTION = "--trust_data"
+
+
+def check_recorded_dataset(
+    config, recorded, source: str, advice: str, trust_data=False, error=DatasetChangedError
+) -> None:
+    """``recorded`` (a checkpoint's or resume state's ``dataset_sha256``) must be the
+    fingerprint of the dataset ``config`` points at: same-shaped data with the items
+    permuted would otherwise give other recommendations with the same scores.  A file
+    that records none (written by RecBole itself, before the plugin recorded them, or
+    edited) proves nothing and is refused unless ``trust_data``."""
+    check_prepared(config)
+    if not recorded:
+        if trust_data:
+            return
+        raise error(
+            f"{source} records no dataset fingerprint (dataset_sha256), so nothing shows "
+            f"that {config['data_path']} holds the data it was trained on; pass "
+            f"{TRUST_DATA_OPTION} to use it anyway"
+        )
+    current = dataset_fingerprint(config)
+    if current != recorded:
+        raise error(
+            f"{source} was trained on dataset {config['dataset']!r} with sha256 "
+            f"{recorded[:16]}, but {config['data_path']} now holds sha256 {current[:16]}: the "
+            f"dataset was prepared again with other content. {advice}"
+        )

@@ -74,7 +74,9 @@ def _apply(config, changes: dict) -> None:
             config[key] = value
 
 
-def evaluate_checkpoint(path, variants, data_path=None, device="cpu") -> list[dict]:
+def evaluate_checkpoint(
+    path, variants, data_path=None, device="cpu", trust_data=False
+) -> list[dict]:
     """Test the checkpoint at ``path`` under each variant; one dict per variant with
     ``variant``, ``protocol`` (the label: training pieces are the checkpoint's),
     ``test_result`` and ``test_per_user`` (each test user's rank, as run summaries keep).  Sampled negatives are drawn after seeding with the checkpoint's
@@ -87,8 +89,9 @@ def evaluate_checkpoint(path, variants, data_path=None, device="cpu") -> list[di
     results = []
     for text, changes in parsed:
         model, config, _, (_, _, test_data), _ = restore_model(
-            path, data_path=data_path, device=device, adjust=lambda c, ch=changes: _apply(c, ch)
-        )
+            path, data_path=data_path, device=device,
+            adjust=lambda c, ch=changes: _apply(c, ch), trust_data=trust_data,
+        )  # fmt: skip
         init_seed(config["seed"], config["reproducibility"])
         trainer = trainer_for(config, model)
         test_result = trainer.evaluate(test_data, load_best_model=False, show_progress=False)

@@ -56,6 +56,7 @@ from recbole_freq.quick_start.preflight import (
 from recbole_freq.quick_start.resume import (
     ResumeError,
     apply_resume_state,
+    check_resume_data,
     checkpoint_file_for,
     load_resume_state,
     resume_file_for,
@@ -118,13 +119,15 @@ def run(
     return run_data_parallel(run_config, config_args, saved, parallel)
 
 
-def resume_run(path) -> dict:
-    """Continue the run whose resume state is ``path`` (``--resume``)."""
+def resume_run(path, trust_data=False) -> dict:
+    """Continue the run whose resume state is ``path`` (``--resume``) on the data it
+    trained on; a state that records no dataset fingerprint only if ``trust_data``."""
     from recbole_freq.checkpoint.loader import drop_pickled_cache_settings
 
     state = load_resume_state(path)
     config = state["config"]
     drop_pickled_cache_settings(config, path)
+    check_resume_data(state, config, path, trust_data)
     # Outputs go beside the resume file, as the interrupted run wrote them: never where
     # the file's content (its config's checkpoint_dir) points.
     config["checkpoint_dir"] = str(Path(path).resolve().parent)
@@ -221,6 +224,7 @@ def keep_resume_state(config, saved, trainer, loaders, resume_file, state):
         resume_file = Path(resume_file or resume_file_for(trainer.saved_model_file))
         if state is None and resume_file.is_file():
             state = load_resume_state(resume_file)
+            check_resume_data(state, config, resume_file)
         trainer.before_epoch = lambda epoch: save_resume_state(resume_file, trainer, loaders, epoch)
     else:
         resume_file = None

@@ -19,7 +19,7 @@ from recbole_freq.checkpoint.loader import (
     weights_fingerprint,
 )
 from recbole_freq.config.configurator import parse_device
-from recbole_freq.data.guard import check_prepared, dataset_fingerprint
+from recbole_freq.data.guard import check_prepared, check_recorded_dataset
 from recbole_freq.protocol import protocol_label
 
 
@@ -27,7 +27,7 @@ class CheckpointMismatchError(ValueError):
     """A checkpoint whose weights do not fit the dataset it is being used with."""
 
 
-def restore_model(path, data_path=None, device="cpu", adjust=None):
+def restore_model(path, data_path=None, device="cpu", adjust=None, trust_data=False):
     """Rebuild a trained model and its data from a checkpoint, loaded safely.
 
     The dataset is rebuilt from the checkpoint's own config (same dataset name, filters,
@@ -39,6 +39,9 @@ def restore_model(path, data_path=None, device="cpu", adjust=None):
 
     ``adjust(config)``: called before the data is loaded, to change how the model is
     evaluated (``recbole_freq.jobs.evaluate``).
+
+    The dataset must be the one the checkpoint records (``dataset_sha256``); a checkpoint
+    that records none is refused unless ``trust_data``.
 
     Returns ``(model, config, dataset, (train_data, valid_data, test_data), checkpoint)``;
     the model is in evaluation mode on ``device``.
@@ -59,7 +62,10 @@ def restore_model(path, data_path=None, device="cpu", adjust=None):
     if adjust is not None:
         adjust(config)
     check_prepared(config)
-    _check_same_data(config, path)
+    check_recorded_dataset(
+        config, config["dataset_sha256"], f"checkpoint {str(path)!r}",
+        "Point --data_path at the data it was trained on.", trust_data, CheckpointMismatchError,
+    )  # fmt: skip
     dataset, loaders = load_splits(config)
     try:
         model = new_model(config, loaders[0])
@@ -134,22 +140,6 @@ def _compare_with_run_summary(path, fingerprint: str) -> None:
             f"summary {summary_file} recorded {recorded[:16]}: the file was replaced after "
             "the run",
             file=sys.stderr,
-        )
-
-
-def _check_same_data(config, path) -> None:
-    """The dataset must be the one the checkpoint was trained on, not another one
-    prepared under the same name since."""
-    recorded = config["dataset_sha256"]
-    if not recorded:
-        return  # written before fingerprints were recorded
-    current = dataset_fingerprint(config)
-    if current != recorded:
-        raise CheckpointMismatchError(
-            f"checkpoint {str(path)!r} was trained on dataset {config['dataset']!r} with "
-            f"sha256 {recorded[:16]}, but {config['data_path']} now holds sha256 "
-            f"{current[:16]}: the dataset was prepared again with other content. Point "
-            "--data_path at the data it was trained on."
         )
 
 

@@ -123,7 +123,20 @@ def load_resume_state(path) -> dict:
             f"{path} is not a recbole-freq resume state (those end in {RESUME_SUFFIX} and "
             "are written next to the checkpoint of a run in progress)"
         )
+    # Kept apart: the run recomputes its config's fingerprint from the data it finds.
+    state["dataset_sha256"] = state["config"]["dataset_sha256"]
     return state
+
+
+def check_resume_data(state: dict, config, resume_file, trust_data=False) -> None:
+    """The data must be what the interrupted run trained on (``dataset_sha256``)."""
+    from recbole_freq.data.guard import check_recorded_dataset
+
+    check_recorded_dataset(
+        config, state["dataset_sha256"], f"resume state {str(resume_file)!r}",
+        f"Prepare the data it was trained on again, or delete {resume_file} to start afresh.",
+        trust_data, ResumeError,
+    )  # fmt: skip
 
 
 def apply_resume_state(state: dict, trainer, loaders) -> None:

@@ -371,12 +371,16 @@ def model_specific(model, batches) -> dict:
 # --- checkpoints ------------------------------------------------------------------------
 
 
-def analyse_checkpoint(path, data_path=None, max_sequences=DEFAULT_MAX_SEQUENCES, device="cpu"):
+def analyse_checkpoint(
+    path, data_path=None, max_sequences=DEFAULT_MAX_SEQUENCES, device="cpu", trust_data=False
+):
     """Load ``path`` safely, rebuild its dataset and analyse it on validation sequences."""
 
     from recbole_freq.quick_start.restore import describe_checkpoint, restore_model
 
-    model, config, _, loaders, checkpoint = restore_model(path, data_path, device)
+    model, config, _, loaders, checkpoint = restore_model(
+        path, data_path, device, trust_data=trust_data
+    )
     print(describe_checkpoint(path, config, checkpoint), file=sys.stderr)
     from tqdm import tqdm
 
