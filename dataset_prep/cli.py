@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .atomic import lock_folder
 from .download import (
     ONE_LINE_SOURCE,
     RAW,
@@ -17,6 +19,7 @@ from .download import (
     fetch,
     partial_file,
     place,
+    shown_url,
     source_of,
 )
 from .errors import DatasetPrepError, StatsMismatchError, UsageError
@@ -212,7 +215,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     if missing:
         parser.error(f"missing {', '.join(missing)} (or use --download, or --list)")
+    try:
+        lock = _lock_downloads(args) if args.download else None
+    except DatasetPrepError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    try:
+        return _prepare(args)
+    finally:
+        if lock is not None:
+            os.close(lock)
 
+
+def _lock_downloads(args: argparse.Namespace) -> int | None:
+    """Two downloads of one file at once appended to one ``.part``: the downloads
+    folder is held for the whole download, check and naming."""
+    if args.format is not None:
+        raise UsageError("--download knows each file's format; give --source, not --format")
+    _source(args)  # an unknown name or source, and a bad --url: before any folder is made
+    if args.url is not None:
+        check_url(args.url)
+    folder = _downloads_folder(args)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"cannot create the downloads folder {folder}: {error.strerror}") from None
+    return lock_folder(
+        folder,
+        f"another dataset_prep is downloading into {folder} right now; wait for it to "
+        "finish and run again",
+    )
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    """Download (with ``--download``), convert and report: ``main`` after its checks."""
     downloaded = None
     try:
         if args.download:
@@ -311,14 +347,10 @@ def _partial_note(args: argparse.Namespace) -> str:
 
 def _download(args: argparse.Namespace):
     """Fetch NAME's chosen source; the path to prepare and the source."""
-    if args.format is not None:
-        raise UsageError("--download knows each file's format; give --source, not --format")
     source = _source(args)
-    if args.url is not None:
-        check_url(args.url)  # before any folder is made
     folder = _downloads_folder(args)
     path = fetch(source, folder, url=args.url, show_progress=not args.quiet, defer=True)
-    print(f"{path} ({path.stat().st_size:,} bytes, from {args.url or source.url})")
+    print(f"{path} ({path.stat().st_size:,} bytes, from {shown_url(args.url or source.url)})")
     return path, source
 
 

@@ -26,6 +26,7 @@ the source, so a different file is refused there even without a recorded SHA-256
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import os
@@ -35,6 +36,7 @@ import time
 import urllib.error
 import urllib.request
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -239,12 +241,25 @@ def check_url(url: str) -> None:
 
     from .errors import UsageError
 
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (a port that is not a number raises only when read)
+    except ValueError as error:
+        raise UsageError(f"--url {shown_url(url)!r} is not a valid address ({error})") from None
     if parts.scheme not in ("http", "https", "ftp") or not parts.netloc:
         raise UsageError(
-            f"--url {url!r} is not a download address: give an http://, https:// or ftp:// "
-            "URL of a mirror of the file"
+            f"--url {shown_url(url)!r} is not a download address: give an http://, https:// "
+            "or ftp:// URL of a mirror of the file"
         )
+
+
+def shown_url(url: str) -> str:
+    """``url`` as messages show it: a password in it replaced by ``***``, and cut to 200
+    characters."""
+    import re
+
+    shown = re.sub(r"(//[^/@:]*):[^/@]*@", r"\1:***@", url)
+    return shown if len(shown) <= 200 else shown[:200] + "..."
 
 
 def _download(url: str, target: Path, source: Source, show_progress: bool, place=True) -> None:
@@ -263,11 +278,13 @@ def _download(url: str, target: Path, source: Source, show_progress: bool, place
         if error.code == 416 and offset:  # the part is already whole
             response = None
         else:
-            raise DownloadError(f"{url}: the server answered {error.code} {error.reason}") from None
+            raise DownloadError(
+                f"{shown_url(url)}: the server answered {error.code} {error.reason}"
+            ) from None
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
         raise DownloadError(
-            f"cannot reach {url} ({reason}); check the network, or give --url of a mirror"
+            f"cannot reach {shown_url(url)} ({reason}); check the network, or give --url of a mirror"
         ) from None
     if response is not None:
         with response:
@@ -279,7 +296,7 @@ def _download(url: str, target: Path, source: Source, show_progress: bool, place
         unverified = target.with_name(target.name + ".unverified")
         os.replace(part, unverified)
         raise DownloadError(
-            f"{url}: the file received has sha256 {found}, not the published "
+            f"{shown_url(url)}: the file received has sha256 {found}, not the published "
             f"{source.sha256}; it is kept as {unverified} and not used"
         )
     if place:
@@ -314,7 +331,7 @@ def _receive(response, part: Path, offset: int, url: str, show_progress: bool) -
                     if time.monotonic() - window_start >= STALL_SECONDS:
                         if window_bytes < STALL_BYTES:
                             raise DownloadInterrupted(
-                                f"{url}: the server sent {window_bytes:,} bytes in the last "
+                                f"{shown_url(url)}: the server sent {window_bytes:,} bytes in the last "
                                 f"{STALL_SECONDS:g} s (at least {STALL_BYTES:,} are expected); "
                                 f"{received:,} bytes are kept in {part}: run the same command "
                                 "again to resume, or give --url of a mirror"
@@ -327,7 +344,7 @@ def _receive(response, part: Path, offset: int, url: str, show_progress: bool) -
         progress.close()
     if total is not None and received < total:
         raise DownloadInterrupted(
-            f"{url}: the transfer stopped after {received:,} of {total:,} bytes; the part is "
+            f"{shown_url(url)}: the transfer stopped after {received:,} of {total:,} bytes; the part is "
             f"kept in {part}: run the same command again to resume"
         )
 
@@ -382,12 +399,27 @@ def _extract(archive: Path, member: str, folder: Path) -> Path:
                 shutil.copyfileobj(data, out, BLOCK)
                 out.flush()
                 os.fsync(out.fileno())
-    except (zipfile.BadZipFile, KeyError) as error:
+    except DAMAGED_ARCHIVE as error:
+        # Never left under the published name, where a rerun would take it as fetched.
+        damaged = archive.with_name(archive.name + ".damaged")
+        os.replace(archive, damaged)
+        with contextlib.suppress(FileNotFoundError):
+            target.with_name(target.name + ".part").unlink()
         raise DownloadError(
-            f"{archive} is not the published archive ({error}); move it away and download again"
+            f"{archive} is not a usable archive ({type(error).__name__}: {error}); it is kept "
+            f"as {damaged} and not used: run the command again to download it again (--url "
+            "names a mirror)"
         ) from None
     _place(part, target)
     return target
+
+
+# What reading a damaged, foreign or encrypted zip raises (zlib.error: damaged deflate
+# data; NotImplementedError: an unknown compression method; RuntimeError: encryption).
+DAMAGED_ARCHIVE = (
+    zipfile.BadZipFile, zipfile.LargeZipFile, KeyError, zlib.error, NotImplementedError,
+    RuntimeError, EOFError, ValueError,
+)  # fmt: skip
 
 
 def _member_sha256(opened: zipfile.ZipFile, member: str) -> str:

@@ -396,3 +396,90 @@ def test_a_wrong_archive_from_a_mirror_names_the_files_to_delete(
         f"the downloaded files are {downloads / 'hetrec2011-lastfm-2k.zip'} and "
         f"{downloads / 'user_taggedartists-timestamps.dat'}: delete them to download again"
     ) in err
+
+
+def damaged_archive(data: bytes, damage: str) -> bytes:
+    """``data`` zipped with one member, then damaged as archives from a bad mirror are:
+    deflate data overwritten, an unknown compression method, or the encryption bit."""
+    import struct
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("user_taggedartists-timestamps.dat", data)
+    raw = bytearray(buffer.getvalue())
+    local, central = raw.find(b"PK\x03\x04"), raw.find(b"PK\x01\x02")
+    if damage == "deflate":
+        name_length, extra_length = struct.unpack_from("<HH", raw, local + 26)
+        start = local + 30 + name_length + extra_length
+        raw[start : start + 16] = b"\xff" * 16
+    elif damage == "method":
+        struct.pack_into("<H", raw, local + 8, 99)
+        struct.pack_into("<H", raw, central + 10, 99)
+    else:
+        for offset in (local + 6, central + 8):
+            struct.pack_into("<H", raw, offset, struct.unpack_from("<H", raw, offset)[0] | 1)
+    return bytes(raw)
+
+
+@pytest.mark.parametrize(
+    "damage, raised",
+    [("deflate", "error"), ("method", "NotImplementedError"), ("encrypted", "RuntimeError")],
+)
+def test_a_damaged_archive_is_one_line_and_never_kept_under_its_name(
+    tmp_path, server, monkeypatch, capsys, damage, raised
+):
+    good, dat = lastfm_archive()
+    name = "hetrec2011-lastfm-2k.zip"
+    publish_lastfm_archive(monkeypatch, server, sha256=None)
+    server.files[name] = damaged_archive(dat, damage)
+    out = tmp_path / "dataset"
+    command = ["lastfm", "--download", "--out", str(out), "--quiet", "--no-check"]
+    assert main(command) == 1
+    err = capsys.readouterr().err
+    assert f"is not a usable archive ({raised}" in err and err.count("\n") == 1, err
+    downloads = out / "downloads"
+    assert not (downloads / name).exists() and (downloads / f"{name}.damaged").exists()
+    assert not list(downloads.glob("*.part")) and not (out / "lastfm").exists()
+    # A good archive (from a mirror, or the server mended): the rerun fetches it again.
+    server.files[name] = good
+    assert main(command) == 0
+    assert (downloads / name).read_bytes() == good
+
+
+def test_two_downloads_into_one_folder_never_share_a_part_file(
+    tmp_path, server, monkeypatch, capsys
+):
+    from dataset_prep.atomic import lock_folder
+
+    data = one_line_fixture(tmp_path)
+    publish(monkeypatch, server, "lastfm", ONE_LINE_SOURCE, "LastFM.txt", data, "one-line")
+    out = tmp_path / "dataset"
+    downloads = out / "downloads"
+    downloads.mkdir(parents=True)
+    command = ["lastfm", "--download", "--source", "one-line", "--out", str(out), "--quiet"]
+    held = lock_folder(downloads, "busy")  # another download in progress
+    try:
+        assert main([*command, "--no-check"]) == 2
+    finally:
+        os.close(held)
+    err = capsys.readouterr().err
+    assert f"another dataset_prep is downloading into {downloads} right now" in err
+    assert list(downloads.iterdir()) == [] and server.requests == []
+    assert main([*command, "--no-check"]) == 0
+    assert (downloads / "LastFM.txt").read_bytes() == data
+
+
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("http://[::1", "--url 'http://[::1' is not a valid address (Invalid IPv6 URL)"),
+        ("http://host:port/x", "--url 'http://host:port/x' is not a valid address"),
+        ("ftp//user:hunter2@mirror/x", "--url 'ftp//user:***@mirror/x' is not a download"),
+    ],
+)
+def test_bad_urls_are_one_line_and_never_echo_a_password(tmp_path, capsys, url, shown):
+    out = tmp_path / "dataset"
+    assert main(["lastfm", "--download", "--url", url, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert shown in err and "hunter2" not in err and err.count("\n") == 1
+    assert not out.exists()
