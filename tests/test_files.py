@@ -290,3 +290,55 @@ def test_two_preparations_of_one_dataset_never_interleave(tmp_path):
         os.close(other)
     convert_one_line(raw, tmp_path / "data", "tiny", show_progress=False, force=True)
     assert sorted(p.name for p in target.iterdir()) == ["tiny.inter", "tiny.stats.json"]
+
+
+@pytest.fixture
+def fails_instead_of_hanging():
+    """A read that would wait forever fails the test instead of stopping the suite."""
+    import signal
+
+    def hung(*_):
+        raise TimeoutError("the command waited on a read that never ends")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(240)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def test_pipes_and_devices_are_refused_never_read(
+    small_config, tmp_path, capsys, fails_instead_of_hanging
+):
+    from recbole_freq.quick_start.quick_start import run
+
+    checkpoint = run("SASRec", "tiny", config_dict=dict(small_config, epochs=1))["checkpoint"]
+    capsys.readouterr()
+    # A pipe named like the run summary beside the checkpoint hung --recommend and
+    # --evaluate (the summary is only a cross-check: left unread).
+    summary = Path(checkpoint).with_suffix(".json")
+    summary.unlink()
+    os.mkfifo(summary)
+    assert main(["--recommend", checkpoint, "--users", "1"]) == 0
+    assert main(["--evaluate", checkpoint, "--under", "recbole"]) == 0
+    capsys.readouterr()
+    # A config file linked to /dev/zero was read until MemoryError.
+    endless = tmp_path / "ref.yaml"
+    endless.symlink_to("/dev/zero")
+    assert main(["--model=SASRec", "--dataset=tiny", "--config_files", str(endless), *cli(small_config)]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"config file {endless} is a device, not a regular file" in err and err.count("\n") == 1
+    # The checkpoint itself a pipe.
+    fifo = tmp_path / "model.pth"
+    os.mkfifo(fifo)
+    assert main(["--recommend", str(fifo), "--users", "1"]) == 2
+    assert f"checkpoint {fifo} is a pipe, not a regular file" in capsys.readouterr().err
+    # A pipe among a comparison's stored runs hung --compare.
+    out = tmp_path / "cmp"
+    (out / "runs").mkdir(parents=True)
+    os.mkfifo(out / "runs" / "SASRec-seed1.json")
+    config = {k: v for k, v in small_config.items() if k != "seed"}
+    argv = ["--compare", "SASRec", "--dataset=tiny", "--seeds", "1", "--out", str(out)]
+    assert main([*argv, *cli(dict(config, epochs=1))]) == 2
+    err = capsys.readouterr().err
+    assert "SASRec-seed1.json is a pipe, not a regular file" in err and err.count("\n") == 1

@@ -76,7 +76,11 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     """
     import torch
 
+    from recbole_freq.utils.inputs import check_input_file
+
     path = Path(path)
+    if path.exists():
+        check_input_file(path, "checkpoint", limit=1 << 40)  # a pipe would never end
     if not path.is_file():
         raise FileNotFoundError(
             f"checkpoint {str(path)!r} does not exist (RecBole writes them to "

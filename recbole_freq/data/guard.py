@@ -96,12 +96,13 @@ def check_files_agree(folder: str, name: str) -> None:
     (atomic files made by hand) has nothing to check against."""
     import json
 
+    from recbole_freq.utils.inputs import read_input_text
+
     stats_path = os.path.join(folder, f"{name}.stats.json")
     if not os.path.isfile(stats_path):
         return
     try:
-        with open(stats_path, encoding="utf-8") as handle:
-            stats = json.loads(handle.read(1 << 22))
+        stats = json.loads(read_input_text(stats_path, "manifest"))
     except (OSError, ValueError, RecursionError):
         stats = None
     if not isinstance(stats, dict) or not isinstance(stats.get("inter_sha256"), str):

@@ -38,6 +38,7 @@ import torch
 from recbole.data.interaction import Interaction
 
 from recbole_freq.utils.command import RECOMMEND_CONTEXTS, RECOMMEND_FORMATS
+from recbole_freq.utils.inputs import InputFileError, read_input_text
 
 CONTEXTS = RECOMMEND_CONTEXTS
 FORMATS = RECOMMEND_FORMATS
@@ -52,8 +53,8 @@ def parse_user_tokens(users: str) -> list[str]:
     start of a line or after a space) or comma-separated tokens."""
     if os.path.isfile(users):
         try:
-            lines = Path(users).read_text(encoding="utf-8-sig").splitlines()
-        except (OSError, UnicodeDecodeError) as error:
+            lines = read_input_text(users, "--users file", encoding="utf-8-sig").splitlines()
+        except (OSError, InputFileError) as error:
             raise ValueError(f"--users file {users}: cannot be read ({error})") from error
         tokens = [re.split(r"(?:^|\s)#", line, maxsplit=1)[0].strip() for line in lines]
         tokens = [token for token in tokens if token]
@@ -70,7 +71,7 @@ class RawIds:
 
     def __init__(self, path: Path, dataset):
         try:
-            loaded = json.loads(path.read_text(encoding="utf-8"))
+            loaded = json.loads(read_input_text(path, "id map"))
             users, items = loaded["user"], loaded["item"]
             if not all(isinstance(v, list) for v in (users, items)):
                 raise TypeError("user and item must be lists")

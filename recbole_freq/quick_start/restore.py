@@ -129,10 +129,12 @@ def _compare_with_run_summary(path, fingerprint: str) -> None:
     import json
     import sys
 
+    from recbole_freq.utils.inputs import read_input_text
+
     summary_file = Path(path).with_suffix(".json")
     try:
-        recorded = json.loads(summary_file.read_text(encoding="utf-8")).get("weights_sha256")
-    except (OSError, ValueError, AttributeError):
+        recorded = json.loads(read_input_text(summary_file, "run summary")).get("weights_sha256")
+    except (OSError, ValueError, AttributeError, RecursionError):
         return
     if recorded and recorded != fingerprint:
         print(

@@ -179,25 +179,16 @@ def _refuse_special_file(target: Path, what: str) -> None:
     a pipe or a link (to ``/proc/self/fd/1`` ...) would be replaced by a regular file."""
     import stat
 
+    from recbole_freq.utils.inputs import file_kind
+
     try:
         mode = target.lstat().st_mode
     except OSError:
         return
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return
-    kind = (
-        "a symbolic link"
-        if stat.S_ISLNK(mode)
-        else "a device"
-        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-        else "a pipe"
-        if stat.S_ISFIFO(mode)
-        else "a socket"
-        if stat.S_ISSOCK(mode)
-        else "not a regular file"
-    )
     raise OutputPathError(
-        f"{what} {target}: it is {kind}, which writing would replace with a regular file; "
+        f"{what} {target}: it is {file_kind(mode)}, which writing would replace with a regular file; "
         "name a regular file or a new one (stdout is the default where there is one)"
     )
 

@@ -38,9 +38,11 @@ def find_config_file(name, suffix: str = ".yaml", what: str = "config file") -> 
     plugin's property file of that name (``protocol/uni100``, ``protocol/uni100.yaml`` or
     ``properties/protocol/uni100.yaml``, so that the README's paths also work for an
     installed copy); ``FileNotFoundError`` naming the built-in files otherwise."""
+    from recbole_freq.utils.inputs import check_input_file
+
     path = Path(name)
-    if path.is_file():
-        return path
+    if path.exists() and not path.is_dir():
+        return check_input_file(path, what)  # a pipe or device: one line, never read
     relative = path.as_posix().removeprefix("properties/")
     if not relative.endswith(suffix):
         relative += suffix
@@ -144,11 +146,16 @@ SafeConfigLoader.add_implicit_resolver(
 
 def read_config_file(path) -> dict:
     """The settings of one yaml config file; ``ConfigFileError`` in one line otherwise."""
+    from recbole_freq.utils.inputs import InputFileError, read_input_text
+
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
-        raise ConfigFileError(f"config file {path}: cannot be read ({reason})") from error
+        text = read_input_text(path, "config file")
+    except InputFileError as error:
+        raise ConfigFileError(str(error)) from None
+    except OSError as error:
+        raise ConfigFileError(
+            f"config file {path}: cannot be read ({error.strerror or error})"
+        ) from error
     loader = SafeConfigLoader(text)
     try:
         node = loader.get_single_node()

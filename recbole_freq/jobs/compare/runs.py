@@ -12,6 +12,7 @@ from pathlib import Path
 
 from recbole_freq.jobs.ray_cluster import check_resources, import_ray, start_or_join
 from recbole_freq.utils.files import plain_value, write_atomic
+from recbole_freq.utils.inputs import read_input_text
 
 DEFAULT_METRICS = tuple(f"{name}@{k}" for name in ("hit", "ndcg") for k in (5, 10, 20))
 # Shown by default for each of the run's ``extra_test_modes`` (e.g. ``uni100:hit@10``): the
@@ -149,8 +150,8 @@ def load_run(path: Path) -> dict:
     and every metric it holds is a finite number; ``ComparisonError`` naming the file
     otherwise, so that no edited or broken file is tabulated as if measured."""
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        record = json.loads(read_input_text(path, "run file"))
+    except (OSError, ValueError, RecursionError) as error:
         raise ComparisonError(
             f"cannot read run file {path}: {error}; delete it to redo the run"
         ) from error

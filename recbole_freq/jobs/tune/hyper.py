@@ -181,10 +181,11 @@ def parse_hyper_lines(lines, source: str = "<hyper>") -> dict[str, HyperParam]:
 def parse_hyper_file(path) -> dict[str, HyperParam]:
     """The search space of a hyper file (the user's path, or a built-in name such as
     ``hyper/BSARec``); see :func:`parse_hyper_lines`."""
+    from recbole_freq.utils.inputs import read_input_text
     from recbole_freq.utils.property_files import find_config_file
 
     path = find_config_file(path, suffix=".hyper", what="hyper file")
-    space = parse_hyper_lines(path.read_text().splitlines(), source=str(path))
+    space = parse_hyper_lines(read_input_text(path, "hyper file").splitlines(), source=str(path))
     if not space:
         raise HyperFileError(
             f"{path}: the search space is empty; add lines like 'learning_rate choice "

@@ -24,6 +24,7 @@ from recbole_freq.jobs.tune.trusted_folder import (
 from recbole_freq.quick_start.distributed import data_parallel_settings
 from recbole_freq.utils.command import SEARCHES
 from recbole_freq.utils.files import check_writable, plain_value, write_atomic
+from recbole_freq.utils.inputs import read_input_text
 
 DEFAULT_NUM_SAMPLES = 10
 SPEC_FILE = "recbole_freq_search.json"
@@ -336,7 +337,7 @@ def _check_experiment_folder(experiment_dir: Path, spec: dict, resume: bool) -> 
                 f"nothing to resume in {experiment_dir}: give the --name and --storage_path "
                 "of the interrupted search"
             )
-        previous = json.loads(saved.read_text())
+        previous = json.loads(read_input_text(saved, "search settings"))
         changed = sorted(key for key in spec if previous.get(key) != plain_value(spec[key]))
         if changed:
             raise TuneSetupError(
