@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import RawFormatError
-from .parsing import decode_line, parse_int
+from .parsing import MAX_DIGITS, decode_line, parse_int
 from .procedure import Collector
 from .raw import RawFile, RawSource, show_token
 
@@ -44,7 +44,7 @@ def _parse(path: Path, number: int, line: bytes) -> dict[str, Any]:
     text = decode_line(path, number, line)
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         try:
             value = ast.literal_eval(text.strip())
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
@@ -73,12 +73,15 @@ def _time(path: Path, number: int, review: dict[str, Any]) -> int:
         raise RawFormatError(path, number, f"missing field {TIME!r} ({_missing_hint(review)})")
     value = review[TIME]
     # S3-Rec applies int(); accept what int() reads exactly: integers and digit strings.
-    if isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10**MAX_DIGITS:
         return value
     if isinstance(value, str) and (parsed := parse_int(value)) is not None:
         return parsed
     raise RawFormatError(
-        path, number, f"unparsable timestamp {TIME}={value!r}: expected unix seconds"
+        path,
+        number,
+        f"unparsable timestamp {TIME}={show_token(str(value))}: expected unix seconds "
+        f"(an integer of at most {MAX_DIGITS} digits)",
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import RawFormatError
-from .parsing import decode_line, parse_int
+from .parsing import NOT_AN_INTEGER, decode_line, parse_int
 from .procedure import Collector
 from .raw import RawFile, RawSource, show_token
 
@@ -57,7 +57,7 @@ def read(path: Path | str, collector: Collector, *, show_progress: bool = True) 
                 if value is None:
                     what = "unparsable timestamp" if name == "timestamp" else name
                     raise RawFormatError(
-                        path, number, f"{what} {show_token(field)} is not an integer"
+                        path, number, f"{what} {show_token(field)} {NOT_AN_INTEGER}"
                     )
             user, artist, _tag, timestamp = values
             collector.add(str(user), str(artist), timestamp)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import RawFormatError
-from .parsing import decode_line, parse_int
+from .parsing import MAX_DIGITS, NOT_AN_INTEGER, decode_line, parse_int
 from .procedure import Collector
 from .raw import RawFile, RawSource, show_token
 
@@ -44,7 +44,7 @@ def read(path: Path | str, collector: Collector, *, show_progress: bool = True) 
             user_id, movie_id = parse_int(user), parse_int(movie)
             if user_id is None or movie_id is None:
                 bad, name = (user, "UserID") if user_id is None else (movie, "MovieID")
-                raise RawFormatError(path, number, f"{name} {show_token(bad)} is not an integer")
+                raise RawFormatError(path, number, f"{name} {show_token(bad)} {NOT_AN_INTEGER}")
             if not _is_number(rating):
                 raise RawFormatError(path, number, f"Rating {show_token(rating)} is not a number")
             time = parse_int(timestamp)
@@ -52,7 +52,8 @@ def read(path: Path | str, collector: Collector, *, show_progress: bool = True) 
                 raise RawFormatError(
                     path,
                     number,
-                    f"unparsable timestamp {show_token(timestamp)}: expected unix seconds",
+                    f"unparsable timestamp {show_token(timestamp)}: expected unix seconds "
+                    f"(an integer of at most {MAX_DIGITS} digits)",
                 )
             collector.add(str(user_id), str(movie_id), time)
     return raw.source

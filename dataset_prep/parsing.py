@@ -8,11 +8,16 @@ from pathlib import Path
 from .errors import RawFormatError
 
 # ASCII only: str.isdigit() also accepts characters such as '³' that int() rejects.
-_INTEGER = re.compile(r"-?[0-9]+")
+# At most 30 digits: no id or time of a real log is longer, and thousands of digits
+# made int() and float() fail with ValueError or OverflowError tracebacks.
+MAX_DIGITS = 30
+_INTEGER = re.compile(rf"-?[0-9]{{1,{MAX_DIGITS}}}")
+NOT_AN_INTEGER = f"is not an integer (of at most {MAX_DIGITS} ASCII digits)"
 
 
 def parse_int(text: str) -> int | None:
-    """`text` as an integer if it is one written in ASCII digits, else None."""
+    """`text` as an integer if it is one written in at most ``MAX_DIGITS`` ASCII
+    digits, else None (the caller says ``NOT_AN_INTEGER``)."""
     text = text.strip()
     return int(text) if _INTEGER.fullmatch(text) else None
 

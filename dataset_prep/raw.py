@@ -29,6 +29,9 @@ PROGRESS_MIN_BYTES = 1 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZIP_MAGIC = b"PK\x03\x04"
 _CHUNK = 1 << 20
+# A line of a real log is a few kB (a long Yelp review); a longer one is a file without
+# line breaks, read whole into memory (MemoryError on a 1.2 GB line).
+MAX_LINE_BYTES = 64 << 20
 _UTF8_BOM = b"\xef\xbb\xbf"
 # Longest first: the UTF-32 LE mark begins with the UTF-16 LE one.
 _OTHER_BOMS = (
@@ -195,7 +198,7 @@ class RawFile:
             raise RuntimeError("iterate a RawFile inside its `with` block")
         number = 0
         try:
-            for number, line in enumerate(_text_lines(self._lines), start=1):
+            for number, line in enumerate(_text_lines(self._bounded_lines()), start=1):
                 if number == 1:
                     line = self._without_byte_order_mark(line)
                 yield number, line
@@ -221,6 +224,22 @@ class RawFile:
                 f"cannot read raw file {self.path} after line {number}: {exc.strerror}"
             ) from None
         self._done = True
+
+    def _bounded_lines(self) -> Iterator[bytes]:
+        """The stream's lines, each read with a bound: a line over ``MAX_LINE_BYTES``
+        is a ``RawFormatError`` naming its number, not a read of the whole file."""
+        assert self._lines is not None
+        limit, number = MAX_LINE_BYTES, 0
+        while line := self._lines.readline(limit + 1):
+            number += line.count(b"\r") + 1  # as _text_lines will split it
+            if len(line) > limit and not line.endswith(b"\n"):
+                raise RawFormatError(
+                    self.path,
+                    number,
+                    f"a line longer than {limit:,} bytes: not a line of a log (a binary "
+                    "file, or one without line breaks?)",
+                )
+            yield line
 
     def _without_byte_order_mark(self, line: bytes) -> bytes:
         """The first line without a UTF-8 byte-order mark (editors on Windows write one);

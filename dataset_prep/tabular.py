@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import RawFormatError, UsageError
-from .parsing import decode_line
+from .parsing import MAX_DIGITS, decode_line
 from .procedure import Collector
 from .raw import RawFile, RawSource, show_token
 
@@ -192,7 +192,12 @@ class _TimeParser:
                 ) from None
             return value, _date_kind(value)
         if _NUMBER.fullmatch(text):
-            value = int(text) if text.lstrip("+-").isdigit() else float(text)
+            digits = text.lstrip("+-")
+            if digits.isdigit() and len(digits) > MAX_DIGITS:  # int() fails past 4,300 digits
+                raise RawFormatError(
+                    self.path, number, f"timestamp {show_token(text)} is out of range"
+                )
+            value = int(text) if digits.isdigit() else float(text)
             if isinstance(value, float) and not math.isfinite(value):
                 raise RawFormatError(
                     self.path, number, f"timestamp {show_token(text)} is out of range"

@@ -73,6 +73,10 @@ def read(path: Path | str, collector: Collector, *, show_progress: bool = True) 
 def _parse(path: Path, number: int, line: bytes) -> dict[str, Any]:
     try:
         value = json.loads(decode_line(path, number, line))
+    except RecursionError:
+        raise RawFormatError(
+            path, number, f"not a review ({_EXPECTED}): values nested too deeply"
+        ) from None
     except ValueError as exc:
         raise RawFormatError(
             path, number, f"not valid JSON ({_EXPECTED}): {_reason(exc)}"

@@ -449,6 +449,19 @@ BAD_INPUTS = [
     ("csv", "l.csv", "user_id,item_id,timestamp\n,2,3\n", 2, "empty 'user_id'"),
     ("csv", "l.csv", "user_id,item_id,timestamp,user_id\n", 1, "appears 2 times"),
     ("csv", "l.csv", "", None, "file is empty"),
+    # Tracebacks before: numbers of hundreds or thousands of digits (OverflowError in
+    # float(), ValueError past int()'s 4,300 digits) and JSON nested 200,000 deep.
+    ("movielens-dat", "m.dat", f"1::2::5::{'9' * 400}\n", 1, "at most 30 digits"),
+    ("movielens-dat", "m.dat", f"{'7' * 5000}::2::5::1\n", 1, "is not an integer (of at most"),
+    ("lastfm-hetrec", "t.dat", LASTFM_HEADER + f"2\t51\t13\t{'9' * 5000}\n", 2, "at most 30"),
+    ("lastfm-hetrec", "t.dat", LASTFM_HEADER + f"2\t51\t13\t{'9' * 400}\n", 2, "at most 30"),
+    ("amazon-2014", "r.json", GOOD_AMAZON.replace(": 1", f": {'9' * 400}"), 1, "at most 30"),
+    ("amazon-2014", "r.json", GOOD_AMAZON.replace(": 1", f": {'9' * 5000}"), 1, "not a JSON"),
+    ("amazon-2014", "r.json", "[" * 200_000 + "]" * 200_000 + "\n", 1, "not a JSON object"),
+    ("yelp", "y.json", "[" * 200_000 + "]" * 200_000 + "\n", 1, "values nested too deeply"),
+    ("csv", "l.csv", f"user_id,item_id,timestamp\n1,2,{'9' * 5000}\n", 2, "out of range"),
+    ("csv", "l.csv", f"user_id,item_id,timestamp\n1,2,{'9' * 400}\n", 2, "out of range"),
+    ("csv", "l.csv", f"user_id,item_id,timestamp\n1,2,{'9' * 400}.5\n", 2, "out of range"),
 ]
 
 
@@ -877,3 +890,16 @@ def test_data_prepared_before_real_times_is_replaced_without_force(tmp_path):
     inter.write_bytes(without_real_time(inter).replace(b"\n1\t1\t0\n", b"\n1\t2\t0\n", 1))
     with pytest.raises(UsageError, match="already holds a different"):
         convert(raw, out, "old", fmt="amazon-2014", core=2, **quiet())
+
+
+def test_a_line_longer_than_any_log_line_is_one_error_not_a_memory_error(tmp_path, monkeypatch):
+    # A 1.2 GB line was read whole (MemoryError); the bound is lowered here to test it.
+    import dataset_prep.raw
+
+    monkeypatch.setattr(dataset_prep.raw, "MAX_LINE_BYTES", 1000)
+    raw = tmp_path / "l.csv"
+    raw.write_text("user_id,item_id,timestamp\n1,2,3\n" + "x" * 5000 + "\n")
+    with pytest.raises(RawFormatError, match=r"line 3: a line longer than 1,000 bytes"):
+        convert(raw, tmp_path / "out", "long", fmt="csv", core=1, **quiet())
+    raw.write_text("user_id,item_id,timestamp\n" + "".join(f"{u},{u},1\n" for u in range(9)))
+    assert convert(raw, tmp_path / "out", "long", fmt="csv", core=1, **quiet()).stats.users == 9
