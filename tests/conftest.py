@@ -102,10 +102,13 @@ def without_transformer_settings(config: dict) -> dict:
 
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
-    """Data folder holding the prepared dataset ``tiny`` (60 users, 40 items)."""
+    """Data folder holding the prepared datasets ``tiny`` (60 users, 40 items) and
+    ``wide`` (60 users, 150 items: enough for 100 sampled negatives per target)."""
     root = tmp_path_factory.mktemp("data")
     raw = write_sequences(root / "tiny.txt")
     convert_one_line(raw, root, "tiny", show_progress=False)
+    wide = write_sequences(root / "wide.txt", n_items=150, seed=1, min_len=8, max_len=20)
+    convert_one_line(wide, root, "wide", show_progress=False)
     return root
 
 

@@ -138,7 +138,7 @@ def test_explicit_baselines_and_metrics_retabulate_without_training(small_config
 def test_extra_test_modes_become_mode_prefixed_columns(small_config, tmp_path):
     out = tmp_path / "cmp"
     overrides = overrides_of(small_config, epochs=1, extra_test_modes=["uni100"])
-    table = compare("BSARec,SASRec", "tiny", seeds="5", overrides=overrides, out=out)
+    table = compare("BSARec,SASRec", "wide", seeds="5", overrides=overrides, out=out)
     assert table["metrics"] == [*METRICS, "uni100:hit@10", "uni100:ndcg@10"]
     runs = {
         m: json.loads((out / "runs" / f"{m}-seed5.json").read_text())["summary"]
@@ -155,13 +155,13 @@ def test_extra_test_modes_become_mode_prefixed_columns(small_config, tmp_path):
     assert "uni100:ndcg@10" in header
 
     again = compare(
-        "BSARec,SASRec", "tiny", seeds="5", overrides=overrides, out=out,
+        "BSARec,SASRec", "wide", seeds="5", overrides=overrides, out=out,
         metrics="uni100:ndcg@20,ndcg@20",
     )  # fmt: skip
     assert again["trained"] == [] and again["metrics"] == ["uni100:ndcg@20", "ndcg@20"]
     with pytest.raises(ComparisonError, match="pop50:hit@10 are not evaluated"):
         compare(
-            "BSARec,SASRec", "tiny", seeds="5", overrides=overrides, out=out,
+            "BSARec,SASRec", "wide", seeds="5", overrides=overrides, out=out,
             metrics="pop50:hit@10",
         )  # fmt: skip
 
@@ -343,7 +343,7 @@ def test_paper_settings_per_model_and_the_protocol_they_name(small_config, tmp_p
 
     root = tmp_path / "data"
     root.mkdir()
-    raw = write_sequences(root / "lastfm.txt")
+    raw = write_sequences(root / "lastfm.txt", n_items=150)  # uni100 needs over 100 items
     convert_one_line(raw, root, "lastfm", show_progress=False, check=False)
     overrides = overrides_of(small_config, epochs=1, data_path=str(root))
     overrides.pop("n_heads")  # an override would win over the paper file
@@ -375,7 +375,7 @@ def test_paper_files_of_different_protocols_run_mixed_only_when_asked(small_conf
 
     root = tmp_path / "data"
     root.mkdir()
-    raw = write_sequences(root / "lastfm.txt")
+    raw = write_sequences(root / "lastfm.txt", n_items=150)  # uni100 needs over 100 items
     convert_one_line(raw, root, "lastfm", show_progress=False, check=False)
     overrides = overrides_of(small_config, epochs=1, data_path=str(root))
     models = "BSARec,RecDenoiser"
@@ -400,7 +400,7 @@ def test_paper_gives_a_denoisers_backbone_the_same_settings(small_config, tmp_pa
 
     root = tmp_path / "data"
     root.mkdir()
-    raw = write_sequences(root / "lastfm.txt")
+    raw = write_sequences(root / "lastfm.txt", n_items=150)  # uni100 needs over 100 items
     convert_one_line(raw, root, "lastfm", show_progress=False, check=False)
     overrides = overrides_of(small_config, epochs=1, data_path=str(root))
     for key in ("hidden_size", "inner_size", "MAX_ITEM_LIST_LENGTH", "train_batch_size"):

@@ -137,7 +137,7 @@ def test_rec_denoiser_trains_data_parallel_under_its_papers_protocol(
     overrides = dict(small_config, protocol="sasrec", epochs=1)
     args = [
         "--model=RecDenoiser",
-        "--dataset=tiny",
+        "--dataset=wide",
         *cli_args(overrides),
         "--nproc=2",
         "--extra_test_modes=['uni100','full']",
@@ -148,7 +148,7 @@ def test_rec_denoiser_trains_data_parallel_under_its_papers_protocol(
     sampled, full = evaluate_checkpoint(checkpoint, ["sasrec", "mode=full"])
     assert sampled["test_result"] == extra["uni100"]
     assert full["test_result"] == extra["full"]
-    config, train, _, _ = prepare("RecDenoiser", overrides)
+    config, train, _, _ = prepare("RecDenoiser", overrides, dataset="wide")
     assert summary["model_report"]["sparsity_scale"] == new_model(config, train).sparsity_scale
 
 

@@ -62,9 +62,9 @@ def test_a_predict_that_is_not_the_full_sort_score_falls_back_with_a_warning(sma
 def test_uni100_run_of_a_recbole_baseline_matches_its_own_predict(small_config, monkeypatch):
     """End to end: the same training, tested with and without the full-sort scorer."""
     overrides = dict(small_config, epochs=1)
-    fast = run("SASRec", "tiny", config_files=[UNI100], cmd_overrides=overrides, saved=False)
+    fast = run("SASRec", "wide", config_files=[UNI100], cmd_overrides=overrides, saved=False)
     monkeypatch.setattr(trainer_module, "SampledScorer", lambda model: None)
-    slow = run("SASRec", "tiny", config_files=[UNI100], cmd_overrides=overrides, saved=False)
+    slow = run("SASRec", "wide", config_files=[UNI100], cmd_overrides=overrides, saved=False)
     for metric, value in slow["test_result"].items():
         assert fast["test_result"][metric] == pytest.approx(value, abs=1e-4), metric
 
@@ -73,7 +73,7 @@ def test_uni100_protocol_file(small_config):
     protocol = properties_dir() / "protocol" / "uni100.yaml"
     summary = run(
         "RecDenoiser",
-        "tiny",
+        "wide",
         config_files=[str(protocol)],
         cmd_overrides=dict(small_config, epochs=1),
         saved=False,

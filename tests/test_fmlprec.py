@@ -79,7 +79,7 @@ def test_fmlprec_trains_with_the_authors_loss_and_reloads(small_config):
 
 def test_fmlprec_is_not_causal_so_sasrec_rows_refuse_it(small_config):
     with pytest.raises(ProtocolError, match="needs a causal model"):
-        run("FMLPRec", "tiny", cmd_overrides=dict(small_config, protocol="sasrec"), saved=False)
+        run("FMLPRec", "wide", cmd_overrides=dict(small_config, protocol="sasrec"), saved=False)
 
 
 def test_comparisons_count_fmlprec_as_a_baseline(small_config, tmp_path):

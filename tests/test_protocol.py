@@ -264,7 +264,9 @@ def test_unseen_negatives_are_never_in_the_users_history(repeat_data, tmp_path):
 
 def test_unseen_negatives_refused_when_a_user_saw_every_item(tmp_path):
     raw = tmp_path / "full.txt"
-    raw.write_text("\n".join(f"{u} 1 2 3 4 5 1 2" for u in range(1, 6)) + "\n")
+    # 101 items, enough for uni100, and every user saw each of them.
+    every_item = " ".join(str(item) for item in [*range(1, 102), 1, 2])
+    raw.write_text("\n".join(f"{u} {every_item}" for u in range(1, 6)) + "\n")
     convert_one_line(raw, tmp_path, "full", show_progress=False)
     config = FreqConfig(
         "SASRec",
@@ -273,7 +275,7 @@ def test_unseen_negatives_refused_when_a_user_saw_every_item(tmp_path):
             tmp_path, tmp_path, protocol="uni100", eval_negatives="unseen", topk=[1]
         ),
     )
-    with pytest.raises(ProtocolError, match="all 5 items"):
+    with pytest.raises(ProtocolError, match="all 101 items"):
         load_splits(config)
 
 
@@ -379,6 +381,10 @@ def test_evaluate_one_checkpoint_under_several_protocols(small_config, tmp_path,
     code = main(["--evaluate", summary["checkpoint"], "--under", "train_rows=window"])
     assert code == 2
     assert "'train_rows' cannot change after training" in capsys.readouterr().err
+    # More negatives than the dataset has items was accepted.
+    assert main(["--evaluate", summary["checkpoint"], "--under", "mode=uni5000"]) == 2
+    err = capsys.readouterr().err
+    assert "ranks each target against 5,000 sampled items" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("mode", ["full", "uni10"])
@@ -501,7 +507,7 @@ def test_last_n_all_positions_refuses_what_it_cannot_train(
 ):
     overrides = settings(tiny_data, tmp_path, protocol="sasrec", **extra)
     with pytest.raises(ProtocolError, match=reason):
-        run(model, "tiny", cmd_overrides=overrides, saved=False)
+        run(model, "wide", cmd_overrides=overrides, saved=False)
 
 
 @pytest.mark.parametrize("model", ["SASRec", "GRU4Rec"])
@@ -509,7 +515,7 @@ def test_sasrec_protocol_trains_recbole_models(tiny_data, tmp_path, model):
     overrides = settings(tiny_data, tmp_path, protocol="sasrec", epochs=2)
     if model == "GRU4Rec":
         overrides = without_transformer_settings(overrides)
-    summary = run(model, "tiny", cmd_overrides=overrides, saved=False)
+    summary = run(model, "wide", cmd_overrides=overrides, saved=False)
     assert summary["protocol"]["label"] == "sasrec"
     assert summary["config"]["eval_args"]["mode"] == {"valid": "uni100", "test": "uni100"}
     losses = [epoch["train_loss"] for epoch in summary["history"]]

@@ -75,7 +75,7 @@ def test_a_summary_shows_every_metric_it_holds():
 
 def test_the_log_ends_with_the_result_and_names_the_checkpoint(small_config):
     summary = run(
-        "SASRec", "tiny", config_dict=dict(small_config, extra_test_modes=["uni100"], state="INFO")
+        "SASRec", "wide", config_dict=dict(small_config, extra_test_modes=["uni100"], state="INFO")
     )
     log, checkpoint = Path(summary["log_file"]), Path(summary["checkpoint"])
     assert log.stem == checkpoint.stem and Path(summary["summary_file"]).stem == log.stem
@@ -260,7 +260,7 @@ def test_built_in_property_files_are_named_without_a_path(tmp_path):
 
 
 def test_a_run_takes_a_built_in_config_file_by_name(small_config):
-    summary = run("SASRec", "tiny", config_files=["protocol/uni100"], config_dict=small_config)
+    summary = run("SASRec", "wide", config_files=["protocol/uni100"], config_dict=small_config)
     assert summary["protocol"]["label"].startswith("uni100"), summary["protocol"]
 
 

@@ -692,7 +692,7 @@ def test_masks_learn_from_eq_4_under_the_sasrec_protocol(small_config):
     assert all(operator.phi.grad.abs().sum() > 0 for operator in operators(model))
 
     summary = run(
-        "RecDenoiser", "tiny", cmd_overrides=dict(small_config, protocol="sasrec", epochs=2)
+        "RecDenoiser", "wide", cmd_overrides=dict(small_config, protocol="sasrec", epochs=2)
     )
     report = summary["model_report"]
     assert summary["protocol"]["label"] == "sasrec"
@@ -815,7 +815,7 @@ def test_bert4rec_denoiser_trains_under_the_paper_evaluation(small_config):
     overrides = dict(
         small_config, protocol="sasrec", train_rows="all_prefixes", train_loss="model", epochs=1
     )
-    summary = run("BERT4RecDenoiser", "tiny", cmd_overrides=overrides)
+    summary = run("BERT4RecDenoiser", "wide", cmd_overrides=overrides)
     assert summary["protocol"]["label"].startswith("sasrec")
     assert set(summary["test_result"]) >= {"hit@10", "ndcg@10"}
     assert summary["model_report"]["sparsity_normalization"] == "batch_targets"

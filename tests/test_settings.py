@@ -438,6 +438,13 @@ def test_a_recbole_model_that_cannot_be_built_is_one_line(small_config, capsys):
         ("--eval_args={'mode': 'uni0'}", "every metric would be 1.0; use uni100"),
         ("--eval_args={'mode': 'labeled'}", "'labeled' scores labelled interactions"),
         ("--extra_test_modes=['pop0']", "extra_test_modes entry 'pop0' ranks each target"),
+        # tiny has 40 items: uni5000 was accepted, uni99999999 tried to allocate 40 GB.
+        ("--eval_args={'mode': 'uni5000'}", "mode 'uni5000' ranks each target against 5,000"),
+        ("--extra_test_modes=['uni99999999']", "use uni39 at most, or full"),
+        (
+            "--learner=bogus",
+            "learner='bogus' is not an optimizer RecBole knows (it would train with Adam",
+        ),
     ],
 )
 def test_evaluation_settings_that_cannot_be_computed_are_one_line_before_training(

@@ -97,7 +97,7 @@ def test_without_user_part_and_sse_it_is_recboles_sasrec(small_config):
 
 
 def test_ssept_trains_under_sasrec_protocol_and_recommends(small_config):
-    summary = run("SSEPT", "tiny", cmd_overrides=dict(small_config, protocol="sasrec"))
+    summary = run("SSEPT", "wide", cmd_overrides=dict(small_config, protocol="sasrec"))
     assert summary["epochs_run"] == 2 and 0.0 < summary["test_result"]["hit@10"] <= 1.0
     from recbole_freq.jobs.recommend import recommend
     from recbole_freq.quick_start.restore import restore_model

@@ -5,6 +5,7 @@ in every path (training, protocols, sampled scoring, recommending), order-only
 timestamps are reported, bad settings are refused; and Rec-Denoiser on it."""
 
 import logging
+import math
 import random
 
 import numpy as np
@@ -29,7 +30,7 @@ GAPS = (1, 1, 2, 5, 30, 600, 3600, 86400)  # seconds: repeats, minutes, hours, d
 
 @pytest.fixture(scope="module")
 def timed_data(tmp_path_factory):
-    """Data folder with dataset ``timed``: 50 users, 30 items, irregular unix times in
+    """Data folder with dataset ``timed``: 50 users, 120 items, irregular unix times in
     ``real_time`` (as dataset_prep writes them) and the order in ``timestamp``."""
     rng = random.Random(3)
     root = tmp_path_factory.mktemp("timed")
@@ -37,10 +38,10 @@ def timed_data(tmp_path_factory):
     lines = ["user_id:token\titem_id:token\ttimestamp:float\treal_time:float"]
     for user in range(1, 51):
         time = 1_600_000_000 + rng.randint(0, 10**6)
-        start = rng.randint(1, 30)
+        start = rng.randint(1, 120)
         for step in range(rng.randint(6, 18)):
             time += rng.choice(GAPS)
-            item = (start + step + rng.randint(0, 2)) % 30 + 1
+            item = (start + step + rng.randint(0, 2)) % 120 + 1
             lines.append(f"{user}\t{item}\t{len(lines)}\t{time}")
     (root / "timed" / "timed.inter").write_text("\n".join(lines) + "\n")
     return root
@@ -432,3 +433,28 @@ def test_unix_times_held_in_float32_are_reported(tmp_path, small_config, caplog)
     assert "holds 'timestamp' in float32, which rounds times near 1.6e+09 to multiples of 128" in (
         caplog.text
     )
+
+
+def test_times_at_the_ends_of_the_float_range_are_the_farthest_interval(small_config, tmp_path):
+    # Finite real times of +-1.7e308 overflow in their differences (inf in float32):
+    # NaN became the index -2**63 and TiSASRec crashed on data dataset_prep accepted.
+    times = torch.tensor([[1.0, 2.0, 1.7e308, -1.7e308, math.inf, -math.inf, 5.0]])
+    items = torch.ones(1, 7, dtype=torch.long)
+    for dtype in (torch.float64, torch.float32):
+        matrix = time_interval_matrix(times.to(dtype), items, time_span=8)
+        assert matrix.min() >= 0 and matrix.max() == 8
+        assert matrix.diagonal(dim1=1, dim2=2).abs().sum() == 0
+        assert matrix[0, 0, 1] == 1 and matrix[0, 0, 2] == 8
+    from dataset_prep import convert
+
+    rows = ["user_id,item_id,timestamp"]
+    for user in range(30):
+        for step in range(8):
+            time = 1_600_000_000 + 60 * step
+            if user == 3 and step in (2, 5):
+                time = -1.7e308 if step == 2 else 1.7e308
+            rows.append(f"u{user},i{(user + step) % 20},{time!r}")
+    (tmp_path / "log.csv").write_text("\n".join(rows) + "\n")
+    convert(tmp_path / "log.csv", tmp_path / "data", "far", fmt="csv", core=1, show_progress=False)
+    summary = run("TiSASRec", "far", config_dict=dict(small_config, epochs=1, data_path=str(tmp_path / "data")))  # fmt: skip
+    assert math.isfinite(summary["history"][0]["train_loss"])

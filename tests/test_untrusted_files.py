@@ -66,7 +66,7 @@ def test_the_payload_does_run_when_unpickled(tmp_path):
 
 def test_checkpoint_swapped_between_save_and_reload_runs_nothing(small_config, marker, monkeypatch):
     config = dict(small_config, epochs=1, extra_test_modes=["uni100"])
-    reference = run("SASRec", "tiny", config_dict=config)
+    reference = run("SASRec", "wide", config_dict=config)
     original_fit = trainer_module.Trainer.fit
 
     def fit_then_swap(self, *args, **kwargs):
@@ -75,7 +75,7 @@ def test_checkpoint_swapped_between_save_and_reload_runs_nothing(small_config, m
         return result
 
     monkeypatch.setattr(trainer_module.Trainer, "fit", fit_then_swap)
-    swapped = run("SASRec", "tiny", config_dict=config)
+    swapped = run("SASRec", "wide", config_dict=config)
     # The best weights come from memory, never from the (swapped) file.
     assert swapped["test_result"] == reference["test_result"]
     assert swapped["extra_test_results"] == reference["extra_test_results"]

@@ -61,7 +61,12 @@ def time_interval_matrix(time_seq, item_seq, time_span: int) -> torch.Tensor:
     origin = times.gather(1, real.long().argmax(dim=1, keepdim=True))
     scaled = torch.round((times - origin) / scale[:, None])
     scaled = torch.where(real, scaled, torch.zeros_like(scaled))
-    intervals = (scaled[:, :, None] - scaled[:, None, :]).abs().clamp(max=time_span)
+    intervals = (scaled[:, :, None] - scaled[:, None, :]).abs()
+    # Times past the float range (finite real times of 1.7e308 overflow in the
+    # differences, or are inf once stored as float32) are as far apart as can be: the
+    # clipped interval k, never a NaN cast to an index outside the table.
+    intervals = torch.nan_to_num(intervals, nan=time_span, posinf=time_span).clamp(max=time_span)
+    intervals.diagonal(dim1=1, dim2=2).zero_()  # |t_i - t_i|, whatever t_i is
     pair_real = real[:, :, None] & real[:, None, :]
     return torch.where(pair_real, intervals, torch.zeros_like(intervals)).long()
 

@@ -89,6 +89,7 @@ def check_run_settings(config) -> None:
         problem = evaluation_mode_problem(mode, sequential)
         if problem:
             raise ValueError(f"{where} {problem}")
+    _check_learner(config["learner"])
     builtin_class(get_model_class(config["model"]), config)  # refused in one line
     trainer_class(config)  # a RecBole trainer the plugin's hooks cannot reach
     if config["log_wandb"]:
@@ -109,6 +110,19 @@ def check_run_settings(config) -> None:
             f"eval_step={eval_step} with epochs={epochs} never validates, so no best epoch "
             "exists; use eval_step <= epochs (or eval_step=0 to train without validation "
             "and test the last epoch)"
+        )
+
+
+# The optimizers RecBole's Trainer._build_optimizer knows; any other name trained with
+# Adam, and the run recorded the name it was given.
+LEARNERS = ("adam", "adamw", "sgd", "adagrad", "rmsprop", "sparse_adam")
+
+
+def _check_learner(learner) -> None:
+    if not isinstance(learner, str) or learner.lower() not in LEARNERS:
+        raise ValueError(
+            f"learner={learner!r} is not an optimizer RecBole knows (it would train with "
+            f"Adam and record {learner!r}); use one of {', '.join(LEARNERS)}"
         )
 
 
@@ -226,6 +240,9 @@ def check_timestamps(config) -> None:
 
 
 def check_item_count(config, dataset) -> None:
+    """The catalogue must be larger than what the run ranks: its top-k cut-offs and the
+    negatives a sampled mode draws per target (``uni5000`` on 2,070 items was accepted,
+    ``uni99999999`` tried to allocate 40 GB)."""
     largest = max(config["topk"] if isinstance(config["topk"], list) else [config["topk"]])
     items = dataset.item_num - 1  # id 0 is padding
     if items < largest:
@@ -233,6 +250,16 @@ def check_item_count(config, dataset) -> None:
             f"dataset {config['dataset']!r} has {items} items, fewer than topk {largest}: "
             "every metric at that cut-off would count all items; lower topk"
         )
+    modes = config["eval_args"]["mode"]
+    modes = list(modes.values()) if isinstance(modes, dict) else [modes]
+    for mode in dict.fromkeys([*modes, *extra_test_modes(config)]):
+        if isinstance(mode, str) and mode[:3] in ("uni", "pop") and mode[3:].isdigit():
+            if int(mode[3:]) >= items:
+                raise ValueError(
+                    f"evaluation mode {mode!r} ranks each target against {int(mode[3:]):,} "
+                    f"sampled items, but dataset {config['dataset']!r} has {items:,} items "
+                    f"(the target among them); use {mode[:3]}{items - 1} at most, or full"
+                )
 
 
 def check_split_rows(config, dataset, *loaders) -> None:

@@ -46,6 +46,10 @@ def restore_model(path, data_path=None, device="cpu", adjust=None, trust_data=Fa
     Returns ``(model, config, dataset, (train_data, valid_data, test_data), checkpoint)``;
     the model is in evaluation mode on ``device``.
     """
+    from recbole.data import create_dataset
+    from recbole.utils import init_seed
+
+    from recbole_freq.quick_start.preflight import check_item_count
     from recbole_freq.quick_start.quick_start import load_splits, new_model
 
     checkpoint = load_checkpoint(path)
@@ -66,7 +70,10 @@ def restore_model(path, data_path=None, device="cpu", adjust=None, trust_data=Fa
         config, config["dataset_sha256"], f"checkpoint {str(path)!r}",
         "Point --data_path at the data it was trained on.", trust_data, CheckpointMismatchError,
     )  # fmt: skip
-    dataset, loaders = load_splits(config)
+    init_seed(config["seed"], config["reproducibility"])  # as load_splits seeds it
+    dataset = create_dataset(config)
+    check_item_count(config, dataset)  # an evaluation variant's mode: before any allocation
+    dataset, loaders = load_splits(config, dataset)
     try:
         model = new_model(config, loaders[0])
     except ValueError as error:
