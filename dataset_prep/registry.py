@@ -198,12 +198,22 @@ KNOWN_DATASETS: Mapping[str, KnownDataset] = _known(
 )
 
 
+# File systems take names of 255 bytes; checkpoint and log names add the model, the date
+# and a random suffix to the dataset's.
+MAX_NAME_BYTES = 128
+
+
 def validate_name(name: str) -> str:
     """Return `name` if it is a usable dataset name, else raise `UsageError`."""
     if not isinstance(name, str) or not NAME_PATTERN.match(name):
         raise UsageError(
-            f"invalid dataset name {name!r}: use letters, digits, '_', '.', '-', "
+            f"invalid dataset name {name[:60]!r}: use letters, digits, '_', '.', '-', "
             "starting with a letter or digit"
+        )
+    if len(name) > MAX_NAME_BYTES:
+        raise UsageError(
+            f"dataset name {name[:40]!r}... has {len(name)} characters: it names files and "
+            f"folders, so it may have at most {MAX_NAME_BYTES}"
         )
     return name
 

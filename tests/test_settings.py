@@ -552,3 +552,36 @@ def test_a_config_file_name_with_a_space_is_one_file(small_config, tmp_path):
     assert split_config_files([str(spaced)]) == [str(spaced)]
     assert split_config_files(["a.yaml b.yaml"]) == ["a.yaml", "b.yaml"]
     assert run_main(dict(small_config, epochs=1), "--config_files", str(spaced)) == 0
+
+
+def test_inputs_that_ended_in_tracebacks_are_one_line(small_config, tmp_path, capsys):
+    # Each was a traceback before (#52): a NUL byte in a yaml file, a length RecBole
+    # cannot allocate, names over the file system's 255 bytes, a 100,000-character model.
+    nul = tmp_path / "nul.yaml"
+    nul.write_bytes(b"epochs: 1\nalpha: 0.\x005\n")
+    assert run_main(small_config, "--config_files", str(nul), model="SASRec") == 2
+    assert f"config file {nul}: special characters are not allowed" in one_error_line(capsys)
+    huge = dict(small_config, MAX_ITEM_LIST_LENGTH=99999999999999)
+    assert run_main(huge, model="SASRec") == 2
+    assert "GiB per training step" in one_error_line(capsys)
+    long_name = "d" * 300
+    assert run_main(small_config, model="SASRec", dataset=long_name) == 2
+    assert "has 300 bytes: it names files and folders" in one_error_line(capsys)
+    assert main(["--recommend", str(tmp_path / f"{long_name}.pth"), "--users", "1"]) == 2
+    err = one_error_line(capsys)
+    assert "a path is too long for the file system" in err and len(err) < 400
+    assert main([f"--model={'M' * 100_000}", "--dataset=tiny", *cli(small_config)]) == 2
+    err = one_error_line(capsys)
+    assert "unknown model" in err and len(err) < 2000
+    assert not list(Path(small_config["checkpoint_dir"]).glob("*.pth"))
+
+
+def test_an_id_column_typed_as_a_list_is_one_line(small_config, tmp_path, capsys):
+    folder = tmp_path / "data" / "listed"
+    folder.mkdir(parents=True)
+    rows = [f"{user}\t{(user + step) % 30 + 1}\t{step}" for user in range(1, 41) for step in range(8)]  # fmt: skip
+    header = "user_id:token_seq\titem_id:token\ttimestamp:float"
+    (folder / "listed.inter").write_text("\n".join([header, *rows]) + "\n")
+    config = dict(small_config, data_path=str(tmp_path / "data"))
+    assert run_main(config, model="SASRec", dataset="listed") == 2
+    assert "the id column is declared 'user_id:token_seq'" in one_error_line(capsys)

@@ -9,9 +9,15 @@ handled as Ctrl-C, exit code 143).
 
 from __future__ import annotations
 
+import errno
 import sys
 
-from recbole_freq.cli.common import UsageError, report_error, report_interrupt
+from recbole_freq.cli.common import (
+    UsageError,
+    name_too_long_error,
+    report_error,
+    report_interrupt,
+)
 from recbole_freq.utils.signals import catch_sigterm
 
 # The flag that selects a job other than training -> the job's command-line module.
@@ -71,6 +77,10 @@ def main(argv=None) -> int:
         return report_interrupt(interrupt)
     except UsageError as error:
         return report_error(error)
+    except OSError as error:
+        if error.errno != errno.ENAMETOOLONG:
+            raise
+        return report_error(name_too_long_error(error))
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

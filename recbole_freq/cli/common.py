@@ -42,8 +42,25 @@ def report_error(error: BaseException) -> int:
     propagates with its traceback instead."""
     if os.environ.get("RECBOLE_FREQ_DEBUG"):
         raise error
-    print("error: " + " ".join(str(error).split()), file=sys.stderr)
+    print("error: " + " ".join(_shortened(word) for word in str(error).split()), file=sys.stderr)
     return exit_code(error)
+
+
+def _shortened(word: str, limit: int = 200) -> str:
+    """A word of a message as printed: a 100,000-character --model or path is cut (the
+    line stays one readable line)."""
+    if len(word) <= limit:
+        return word
+    return f"{word[: limit // 2]}...({len(word):,} characters)"
+
+
+def name_too_long_error(error: OSError) -> UsageError:
+    """The one line for a path whose folder or file name is over the file system's
+    limit (255 bytes on most), whichever job opened it."""
+    return UsageError(
+        f"a path is too long for the file system: {error.filename!s} (each folder or file "
+        "name in a path may have at most 255 bytes)"
+    )
 
 
 class UsageError(ValueError):

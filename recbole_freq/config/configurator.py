@@ -24,6 +24,7 @@ from pathlib import Path
 from recbole.config import Config
 from recbole.utils import ModelType
 
+from dataset_prep.registry import MAX_NAME_BYTES
 from recbole_freq.model import MODELS
 from recbole_freq.protocol import DEFAULT_PROTOCOL, protocol_file, protocol_settings
 from recbole_freq.utils.property_files import (
@@ -189,6 +190,12 @@ def check_name_component(name, what: str) -> None:
         raise ValueError(
             f"{what} {text!r} must be a plain name (no '/', '\\', '.' or '..'): it names "
             "files and folders"
+        )
+    if len(text.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+        raise ValueError(
+            f"{what} {text[:40]!r}... has {len(text.encode('utf-8', 'surrogateescape'))} "
+            f"bytes: it names files and folders (with the model and date added to some), so "
+            f"it may have at most {MAX_NAME_BYTES}"
         )
 
 

@@ -159,6 +159,8 @@ def check_atomic_columns(config) -> None:
                 f"{{inter: [{', '.join(needed)}, {config['TIME_FIELD']}]}}"
             )
     check_timestamps(config)
+    if sequential and not config["benchmark_filename"]:
+        _check_id_types(config)
     if not wanted:
         return
     for inter in inter_files(config):
@@ -299,6 +301,22 @@ def extra_test_modes(config) -> list[str]:
     """The run's ``extra_test_modes`` as a list (a single mode may be given as a string)."""
     modes = config["extra_test_modes"] or []
     return [modes] if isinstance(modes, str) else list(modes)
+
+
+def _check_id_types(config) -> None:
+    """A sequential model reads one user and one item id per row: a header that types
+    them ``token_seq`` (lists) failed deep inside RecBole with a TypeError."""
+    separator = config["field_separator"] or "\t"
+    for inter in inter_files(config):
+        with open(inter, encoding="utf-8", errors="replace") as handle:
+            header = handle.readline().rstrip("\r\n").split(separator)
+        for declared in header:
+            name, _, kind = declared.partition(":")
+            if name in (config["USER_ID_FIELD"], config["ITEM_ID_FIELD"]) and kind != "token":
+                raise ValueError(
+                    f"{inter}: the id column is declared {declared!r}; a sequential model "
+                    f"reads one id per row: declare it {name}:token in the header"
+                )
 
 
 def _check_time_type(inter, separator: str, position: int) -> None:

@@ -161,11 +161,12 @@ def run_config(
     recbole_dataset = create_dataset(config)
     logger.info(recbole_dataset)
     check_item_count(config, recbole_dataset)
-    users_longest = longest_history(recbole_dataset)
+    # Before the loaders: RecBole's data preparation allocates rows x MAX_ITEM_LIST_LENGTH
+    # (a length of 1e14 failed inside it with a RuntimeError).
+    check_memory(config, recbole_dataset, logger, longest_history(recbole_dataset))
     _, loaders = load_splits(config, recbole_dataset)
     train_data, valid_data, test_data = loaders
     check_split_rows(config, recbole_dataset, *loaders)
-    check_memory(config, recbole_dataset, logger, users_longest)
 
     model = new_model(config, train_data)
     logger.info(model)

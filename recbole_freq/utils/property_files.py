@@ -156,7 +156,12 @@ def read_config_file(path) -> dict:
         raise ConfigFileError(
             f"config file {path}: cannot be read ({error.strerror or error})"
         ) from error
-    loader = SafeConfigLoader(text)
+    try:
+        loader = SafeConfigLoader(text)  # its reader refuses NUL and other control characters
+    except yaml.YAMLError as error:
+        raise ConfigFileError(
+            f"config file {path}: {getattr(error, 'reason', None) or error}; it must be yaml text"
+        ) from None
     try:
         node = loader.get_single_node()
         if node is not None:
