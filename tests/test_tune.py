@@ -614,3 +614,34 @@ def test_an_output_file_that_is_a_folder_is_refused_before_the_search(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"--output_file {folder} is a folder" in err
     assert not (tmp_path / "r").exists()  # no search started
+
+
+def test_failed_trials_and_broken_search_folders_are_one_line(
+    ray_session, tiny_data, tmp_path, capsys
+):
+    from recbole_freq.jobs.tune.search import SPEC_FILE
+
+    # A trial that fails inside Ray (SASRec refuses 15 = hidden_size over 2 heads): Ray's
+    # traceback was printed before the plugin's line; it is kept in the search's ray.log.
+    hyper = _hyper(tmp_path, "hidden_size choice [15]\n")
+    settings = dict(SMALL_MODEL, epochs=1, data_path=str(tiny_data), checkpoint_dir="saved")
+    del settings["hidden_size"]
+    argv = ["--model=SASRec", "--dataset=tiny", "--hyper_file", hyper, "--verbose=0"]
+    argv += ["--storage_path=results", "--name=failing", "--scheduler=none"]
+    argv += [f"--{key}={value}" for key, value in settings.items()]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1
+    assert "all 1 trials failed" in err and "(Ray's log: ray.log)" in err
+    experiment = tmp_path / "results" / "failing"
+    assert "Traceback" in (experiment / "ray.log").read_text()
+    # Ray's experiment state gone: --resume ran every trial again as a new search.
+    for state in experiment.glob("experiment_state-*.json"):
+        state.unlink()
+    assert main([*argv, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "holds no Ray experiment state" in err and err.count("\n") == 1
+    # The search's own settings file edited into a list: an AttributeError before.
+    (experiment / SPEC_FILE).write_text("[1, 2]")
+    assert main([*argv, "--resume"]) == 2
+    assert "is not the settings file a search writes" in capsys.readouterr().err

@@ -131,7 +131,7 @@ def write_outputs(summary, experiment_dir: Path, names, job, config_dict, cmd_ov
     if not scored:
         errors = [row.get("error") for row in rows if row.get("error")]
         raise TrialsFailedError(
-            f"all {len(rows)} trials failed, see {experiment_dir}"
+            f"all {len(rows)} trials failed, see {experiment_dir} (Ray's log: ray.log)"
             + (f"; first error: {errors[0]}" if errors else "")
         )
     best = scored[0]

@@ -337,17 +337,41 @@ def _check_experiment_folder(experiment_dir: Path, spec: dict, resume: bool) -> 
                 f"nothing to resume in {experiment_dir}: give the --name and --storage_path "
                 "of the interrupted search"
             )
-        previous = json.loads(read_input_text(saved, "search settings"))
+        try:
+            previous = json.loads(read_input_text(saved, "search settings"))
+        except (OSError, ValueError, RecursionError) as error:
+            previous = error
+        if not isinstance(previous, dict):
+            raise TuneSetupError(
+                f"{saved} is not the settings file a search writes (it was edited or damaged): "
+                "the search cannot be resumed; start it again under another --name"
+            )
         changed = sorted(key for key in spec if previous.get(key) != plain_value(spec[key]))
         if changed:
             raise TuneSetupError(
                 f"--resume needs the settings of the interrupted search; changed: "
                 f"{', '.join(changed)} (saved in {saved})"
             )
+        _check_ray_state(experiment_dir)
     elif experiment_dir.exists() and any(experiment_dir.iterdir()):
         raise TuneSetupError(
             f"{experiment_dir} already holds a search: add --resume to continue it or pick "
             "another --name"
+        )
+
+
+def _check_ray_state(experiment_dir: Path) -> None:
+    """Ray resumes from its experiment state; without it ``Tuner.restore`` ran every
+    trial again from the start, as a new search would."""
+    from ray import tune
+    from ray.tune.execution.tune_controller import TuneController
+
+    state = experiment_dir.glob(TuneController.CKPT_FILE_TMPL.format("*"))
+    if not tune.Tuner.can_restore(str(experiment_dir)) or next(state, None) is None:
+        raise TuneSetupError(
+            f"{experiment_dir} holds no Ray experiment state (experiment_state-*.json), so "
+            "the search cannot continue where it stopped; its finished trials stay there. "
+            "Start a new search under another --name"
         )
 
 
@@ -473,6 +497,7 @@ def _fit(trainable, searcher, metric_mode, scheduler, where, verbose):
     ray_tune_logger.setLevel(logging.ERROR)
     setup = getattr(ray_tune_run, "_setup_signal_catching", None)
     events = []
+    kept_log = _ray_log_to_file(experiment_dir / RAY_LOG_FILE)
 
     def keep_event():
         event = setup()
@@ -485,10 +510,40 @@ def _fit(trainable, searcher, metric_mode, scheduler, where, verbose):
     try:
         results = tuner.fit()
     finally:
+        kept_log()
         ray_tune_logger.setLevel(level)
         if setup is not None:
             ray_tune_run._setup_signal_catching = setup
     return results, any(event.is_set() for event in events)
+
+
+# Ray's own account of the search (trial tracebacks included), kept beside its results:
+# on the terminal the plugin's one line names it instead.
+RAY_LOG_FILE = "ray.log"
+RAY_LOGGERS = ("ray.tune", "ray.train")
+
+
+def _ray_log_to_file(path: Path):
+    """Send Ray Tune's log records to ``path`` instead of the terminal, until the
+    returned function is called."""
+    import logging
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    loggers = [logging.getLogger(name) for name in RAY_LOGGERS]
+    before = [logger.propagate for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.propagate = False
+
+    def restore():
+        for logger, propagate in zip(loggers, before):
+            logger.removeHandler(handler)
+            logger.propagate = propagate
+        handler.close()
+
+    return restore
 
 
 def _stop_gracefully_on_sigterm(event) -> None:
