@@ -320,3 +320,22 @@ def test_recboles_load_data_and_model_needs_the_plugin_imported_as_readme_says(t
     imported = in_a_fresh_process("import recbole_freq\n" + script)
     assert imported.returncode == 0, imported.stderr
     assert imported.stdout.strip().splitlines()[-1] == "SASRec"
+
+
+def test_one_dataset_yaml_serves_a_sweep_of_baselines(small_config, tmp_path, capsys):
+    # RecBole ignores keys a model does not read; GRU4Rec stopped at inner_size, then
+    # n_layers, and Caser at hidden_size.
+    shared = tmp_path / "my.yaml"
+    shared.write_text("hidden_size: 16\ninner_size: 32\nn_layers: 1\nn_heads: 2\nepochs: 1\n")
+    config = {k: v for k, v in small_config.items() if k not in ("hidden_size", "inner_size", "n_layers", "n_heads")}  # fmt: skip
+    summary = run("GRU4Rec", "tiny", config_files=[str(shared)], config_dict=config)
+    log = Path(summary["log_file"]).read_text()
+    assert "settings that GRU4Rec does not read (other models do; RecBole ignores them too)" in log
+    assert "inner_size" in log.split("does not read")[1].splitlines()[0]
+    assert run("Caser", "tiny", config_files=[str(shared)], config_dict=config)["test_result"]
+    # A typo is still an error, and a flag typed for this run that it ignores too.
+    shared.write_text("hiden_size: 16\n")
+    with pytest.raises(ValueError, match="did you mean hidden_size"):
+        run("GRU4Rec", "tiny", config_files=[str(shared)], config_dict=config)
+    assert main(["--model=GRU4Rec", "--dataset=tiny", "--inner_size=32", *[f"--{k}={v}" for k, v in config.items()]]) == 2  # fmt: skip
+    assert "--inner_size (command line) is not a setting of GRU4Rec" in capsys.readouterr().err

@@ -389,7 +389,8 @@ class FreqConfig(Config):
                     f"{where} sets {key}: {value} but this run's {key} is {chosen}; give the "
                     f"{key} in one place (--{key}={value} on the command line)"
                 )
-        check_user_settings(model_class, given, self._shared_with)
+        # Named in the run's log (quick_start), not an error: see check_user_settings.
+        self.unused_settings = check_user_settings(model_class, given, self._shared_with)
         self._sample_negatives_for_pairwise_losses(given)
         self._read_pre_split_files(given)
         if "data_path" in given and self.dataset == "ml-100k":

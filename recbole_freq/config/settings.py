@@ -297,11 +297,16 @@ def metrics_problem(config) -> str | None:
 
 def check_user_settings(
     model_class: type, given: dict[str, tuple[str, object]], shared_with=()
-) -> None:
+) -> list[str]:
     """``given``: key -> (where it was given, its value).  ``UnknownSettingError`` for the
     first key nothing reads or whose value has the wrong type.  ``shared_with``: other
     model classes the same settings are given to (a comparison): a key one of them reads
-    is accepted."""
+    is accepted.
+
+    A key that only other models read is accepted from a config file or config_dict (one
+    dataset yaml for a sweep of baselines, as RecBole users keep it: RecBole ignores
+    such keys) and returned, for the run to name in its log; on the command line, typed
+    for this run, it is refused."""
     extension = set()
     if ESCAPE_HATCH in given:
         where, value = given[ESCAPE_HATCH]
@@ -313,13 +318,18 @@ def check_user_settings(
     for other in shared_with:
         known |= model_keys(other)
     model = model_class.__name__
+    others = set().union(*keys_by_model().values())
+    unused = []
     for key, (where, value) in given.items():
-        if key not in known:
+        if key not in known and key in others and where != "command line":
+            unused.append(key)
+        elif key not in known:
             raise UnknownSettingError(_unknown_message(key, where, model, known))
         problem = type_problem(key, value) or range_problem(key, value)
         if problem:
             flag = "--" if where == "command line" else ""
             raise UnknownSettingError(f"{flag}{key} ({where}) {problem}, got {value!r}")
+    return unused
 
 
 def _unknown_message(key: str, where: str, model: str, known) -> str:

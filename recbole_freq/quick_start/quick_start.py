@@ -157,6 +157,12 @@ def run_config(
     init_logger(config)
     logger = logging.getLogger()
     logger.info(config)
+    unused = getattr(config, "unused_settings", None)
+    if unused:
+        logger.warning(
+            f"settings that {config['model']} does not read (other models do; RecBole "
+            f"ignores them too): {', '.join(unused)}"
+        )
 
     recbole_dataset = create_dataset(config)
     logger.info(recbole_dataset)
