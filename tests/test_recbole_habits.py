@@ -1,6 +1,7 @@
 """What an experienced RecBole user does next just works: their metrics in the summary, the
 result in the log, RecBole's reload API, their own ``run_recbole`` left alone."""
 
+import os
 import re
 import subprocess
 import sys
@@ -339,3 +340,18 @@ def test_one_dataset_yaml_serves_a_sweep_of_baselines(small_config, tmp_path, ca
         run("GRU4Rec", "tiny", config_files=[str(shared)], config_dict=config)
     assert main(["--model=GRU4Rec", "--dataset=tiny", "--inner_size=32", *[f"--{k}={v}" for k, v in config.items()]]) == 2  # fmt: skip
     assert "--inner_size (command line) is not a setting of GRU4Rec" in capsys.readouterr().err
+
+
+def test_a_checkpoint_of_a_relative_data_path_reloads_from_another_folder(
+    tiny_data, small_config, tmp_path, monkeypatch
+):
+    from recbole.quick_start import load_data_and_model
+
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    relative = os.path.relpath(tiny_data, project)
+    summary = run("SASRec", "tiny", config_dict=dict(small_config, epochs=1, data_path=relative))
+    monkeypatch.chdir(tmp_path)  # elsewhere: the relative path points nowhere
+    config, model, *_ = load_data_and_model(summary["checkpoint"])
+    assert config["data_path"] == str(tiny_data / "tiny") and model is not None

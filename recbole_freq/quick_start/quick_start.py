@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import uuid
 from pathlib import Path
@@ -151,6 +152,9 @@ def run_config(
     checks (``preflight``, the memory guard), the resume state, the extra test modes and
     the run summary."""
     start = time.perf_counter()
+    # Stored absolute in the checkpoint, as searches store it: a relative path made
+    # load_data_and_model from another folder fail.
+    config["data_path"] = os.path.abspath(config["data_path"])
     check_before_loading(config, saved)
     config["dataset_sha256"] = dataset_fingerprint(config)
     init_seed(config["seed"], config["reproducibility"])
