@@ -355,3 +355,27 @@ def test_a_checkpoint_of_a_relative_data_path_reloads_from_another_folder(
     monkeypatch.chdir(tmp_path)  # elsewhere: the relative path points nowhere
     config, model, *_ = load_data_and_model(summary["checkpoint"])
     assert config["data_path"] == str(tiny_data / "tiny") and model is not None
+
+
+def test_recboles_custom_model_pipeline_names_freqconfig_and_freqconfig_works(tiny_data):
+    # RecBole's Config never loads a plugin model's property file: every setting was
+    # None and the model failed with a bare TypeError in layers.py.
+    from recbole.config import Config
+    from recbole.data import create_dataset, data_preparation
+
+    from recbole_freq.config import FreqConfig, get_model_class
+
+    bsarec = get_model_class("BSARec")
+    settings = {"data_path": str(tiny_data), "epochs": 1}
+    plain = Config(
+        model=bsarec, dataset="tiny",
+        config_dict=dict(settings, loss_type="CE", train_neg_sample_args=None,
+                         load_col={"inter": ["user_id", "item_id", "timestamp"]}),
+    )  # fmt: skip
+    train, _, _ = data_preparation(plain, create_dataset(plain))
+    with pytest.raises(TypeError, match=r"build it with recbole_freq.config.FreqConfig\("):
+        bsarec(plain, train._dataset)
+    # The same pipeline on FreqConfig, as README shows it.
+    config = FreqConfig("BSARec", "tiny", config_dict=settings)
+    train, _, _ = data_preparation(config, create_dataset(config))
+    assert bsarec(config, train._dataset).hidden_size == config["hidden_size"]

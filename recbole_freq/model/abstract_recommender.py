@@ -104,6 +104,15 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
     extra_inputs_unavailable = ""
 
     def __init__(self, config, dataset):
+        if not hasattr(config, "protocol_piece"):
+            # RecBole's Config never loads the plugin's property files, so every
+            # setting of the model was None (a bare TypeError deep in layers.py).
+            raise TypeError(
+                f"{type(self).__name__} needs the plugin's config, which loads its property "
+                f"file: build it with recbole_freq.config.FreqConfig("
+                f"'{type(self).__name__}', dataset, config_dict=...) instead of "
+                "recbole.config.Config (README, 'RecBole's own pipeline')"
+            )
         super().__init__(config, dataset)
         self.hidden_size = config["hidden_size"]
         self.sequence_layout = sequence_layout(config)
