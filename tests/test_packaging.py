@@ -146,7 +146,7 @@ def test_a_fresh_environment_names_the_recbole_command_then_runs_from_outside_th
             env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
         )  # fmt: skip
 
-    job = [command, "--model=SASRec", "--dataset=tiny", f"--data_path={tiny_data}"]
+    job = [command, "--model=SASRec", "--dataset=wide", f"--data_path={tiny_data}"]
     job += ["--config_files", "protocol/uni100", "--epochs=1", "--hidden_size=16"]
     job += ["--inner_size=32", "--show_progress=False", "--state=WARNING"]
 
@@ -170,8 +170,8 @@ def test_a_fresh_environment_names_the_recbole_command_then_runs_from_outside_th
 
     done = run(*job)
     assert done.returncode == 0, done.stderr
-    assert "recbole-freq  SASRec on tiny" in done.stdout and "checkpoint:" in done.stdout
-    assert list((outside / "saved").glob("SASRec-tiny-*.pth"))
+    assert "recbole-freq  SASRec on wide" in done.stdout and "checkpoint:" in done.stdout
+    assert list((outside / "saved").glob("SASRec-wide-*.pth"))
     # python -m recbole_freq is the same command; its --help names the built-in files.
     helped = run(python, "-m", "recbole_freq", "--help")
     assert helped.returncode == 0 and "protocol/uni100" in helped.stdout

@@ -161,12 +161,7 @@ def run_config(
     init_logger(config)
     logger = logging.getLogger()
     logger.info(config)
-    unused = getattr(config, "unused_settings", None)
-    if unused:
-        logger.warning(
-            f"settings that {config['model']} does not read (other models do; RecBole "
-            f"ignores them too): {', '.join(unused)}"
-        )
+    log_unused_settings(config, logger)
 
     recbole_dataset = create_dataset(config)
     logger.info(recbole_dataset)
@@ -225,6 +220,16 @@ def run_config(
     if resume_file is not None and resume_file.exists():
         resume_file.unlink()
     return summary
+
+
+def log_unused_settings(config, logger) -> None:
+    """Name the settings only other models read (``FreqConfig.unused_settings``), once."""
+    unused = getattr(config, "unused_settings", None)
+    if unused:
+        logger.warning(
+            f"settings that {config['model']} does not read (other models do; RecBole "
+            f"ignores them too): {', '.join(unused)}"
+        )
 
 
 def keep_resume_state(config, saved, trainer, loaders, resume_file, state):
