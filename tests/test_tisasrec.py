@@ -354,6 +354,18 @@ def test_real_times_reach_tisasrec_to_the_second(timed_config, caplog):
     assert {1.0, 2.0, 5.0, 30.0} <= gaps and gaps <= set(map(float, GAPS)) | {0.0}
 
 
+def test_real_times_join_a_load_col_the_user_gave(timed_config, caplog):
+    # A RecBole user's yaml names the columns out of habit: TiSASRec took its intervals
+    # from the order counter and blamed the data ("evenly spaced ... one-line format").
+    given = dict(timed_config, load_col={"inter": ["user_id", "item_id", "timestamp"]})
+    with caplog.at_level(logging.INFO):
+        config, train, _, _ = prepare("TiSASRec", given, dataset="timed")
+        TiSASRec(config, train._dataset)
+    assert config["load_col"]["inter"] == ["user_id", "item_id", "timestamp", "real_time"]
+    assert "real times in seconds (added to the load_col you gave)" in caplog.text
+    assert "evenly spaced" not in caplog.text
+
+
 def test_real_intervals_reach_tisasrec_from_a_raw_lastfm_file(tmp_path, small_config, caplog):
     """HetRec LastFM's millisecond times, through dataset_prep, are the intervals the
     model computes: its relation matrix equals the authors' on the raw seconds."""

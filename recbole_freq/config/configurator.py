@@ -349,11 +349,12 @@ class FreqConfig(Config):
     def _load_real_times(self, given: dict) -> None:
         """A model with time intervals reads the source's real times
         (``REAL_TIME_FIELD``, the ``real_time`` column of dataset_prep's raw logs) when
-        the interaction file has them: the column joins the plugin's ``load_col``.  A
-        ``load_col`` the user gave is kept as given."""
+        the interaction file has them: the column joins ``load_col``, the user's too (a
+        RecBole user's yaml names the columns out of habit, and TiSASRec then silently
+        took its intervals from the order counter); the run's log says it was added."""
         settings = self.final_config_dict
         field, load_col = settings.get("REAL_TIME_FIELD"), settings.get("load_col")
-        if settings.get("time_intervals") is not True or not field or "load_col" in given:
+        if settings.get("time_intervals") is not True or not field:
             return
         if not isinstance(load_col, dict) or not isinstance(load_col.get("inter"), list):
             return
@@ -367,6 +368,8 @@ class FreqConfig(Config):
             return  # not prepared: the run stops at its dataset check
         if field in columns:
             settings["load_col"] = dict(load_col, inter=[*load_col["inter"], field])
+            if "load_col" in given:
+                settings["real_time_added_to_load_col"] = True
 
     def _check_user_settings(self, model_class, given_dict: dict) -> None:
         """Every key the user gave is read by something and has the right type; a

@@ -145,8 +145,10 @@ def report_interval_times(model_name: str, config, dataset, field: str) -> None:
     logger = logging.getLogger()
     times = dataset.inter_feat[field]
     if field == config["REAL_TIME_FIELD"]:
+        added = " (added to the load_col you gave)" if config["real_time_added_to_load_col"] else ""
         logger.info(
-            f"{model_name}: time intervals from {field!r}, the source's real times in seconds"
+            f"{model_name}: time intervals from {field!r}, the source's real times in "
+            f"seconds{added}"
         )
     else:
         logger.info(f"{model_name}: time intervals from TIME_FIELD {field!r}")
