@@ -379,3 +379,26 @@ def test_recboles_custom_model_pipeline_names_freqconfig_and_freqconfig_works(ti
     config = FreqConfig("BSARec", "tiny", config_dict=settings)
     train, _, _ = data_preparation(config, create_dataset(config))
     assert bsarec(config, train._dataset).hidden_size == config["hidden_size"]
+
+
+def test_recboles_run_hyper_and_run_recbole_flags(small_config, tmp_path, capsys):
+    from recbole_freq.cli import with_plugin_flags
+
+    # Refused as unknown before: --tool, --display_file (run_hyper.py), --group_offset
+    # (run_recbole.py).
+    assert with_plugin_flags(["--group_offset", "0", "--params_file=x"]) == [
+        "--offset=0", "--hyper_file=x",
+    ]  # fmt: skip
+    settings = [f"--{k}={v}" for k, v in dict(small_config, epochs=1).items()]
+    assert main(["--model=SASRec", "--dataset=tiny", "--group_offset", "0", *settings]) == 0
+    capsys.readouterr()
+    hyper = tmp_path / "space.hyper"
+    hyper.write_text("learning_rate choice [0.001]\n")
+    search = ["--model=SASRec", "--dataset=missing", "--params_file", str(hyper)]
+    assert main([*search, "--tool", "Hyperopt"]) == 2
+    err = capsys.readouterr().err
+    assert "--tool Hyperopt: the plugin searches with Ray Tune only; for hyperopt's TPE" in err
+    assert main([*search, "--tool", "Ray", "--display_file", "plot.html"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("note: --display_file plot.html: no plotly figure is drawn")
+    assert "dataset 'missing' is not prepared" in err[1] and len(err) == 2

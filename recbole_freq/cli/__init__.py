@@ -23,14 +23,17 @@ from recbole_freq.utils.signals import catch_sigterm
 # The flag that selects a job other than training -> the job's command-line module.
 JOBS = ("--hyper_file", "--compare", "--analyze", "--recommend", "--evaluate")
 # RecBole's run_hyper.py flags -> the plugin's own (its --output_file is the search's too).
-RECBOLE_SYNONYMS = {"--params_file": "--hyper_file"}
+# RecBole's run_hyper.py and run_recbole.py flags, written as the plugin's.
+RECBOLE_SYNONYMS = {"--params_file": "--hyper_file", "--group_offset": "--offset"}
 
 
 def with_plugin_flags(argv: list[str]) -> list[str]:
     """``argv`` with RecBole's ``run_hyper.py`` flags written as the plugin's."""
-    renamed = []
-    for arg in argv:
+    renamed, rest = [], iter(argv)
+    for arg in rest:
         flag, equals, value = arg.partition("=")
+        if flag == "--group_offset" and not equals:  # a setting: --offset=N
+            equals, value = "=", next(rest, "")
         renamed.append(RECBOLE_SYNONYMS.get(flag, flag) + equals + value)
     return renamed
 

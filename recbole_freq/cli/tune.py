@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 
 from recbole_freq.cli.common import (
     EXPECTED_ERRORS,
     CommandLineParser,
+    UsageError,
     parse_job_args,
     report_error,
     split_config_files,
@@ -59,7 +61,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ray_address", default=None, help="existing cluster (else RAY_ADDRESS)")
     parser.add_argument("--num_cpus", type=int, default=None, help="CPUs of a local Ray")
     parser.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2, 3))
+    # RecBole's run_hyper.py flags: the plugin searches with Ray Tune and tabulates the
+    # trials itself (_recbole_run_hyper_flags says so).
+    parser.add_argument("--tool", default="Ray", help="Ray (RecBole's run_hyper.py flag)")
+    parser.add_argument("--display_file", default=None, help=argparse.SUPPRESS)
     return parser
+
+
+def _recbole_run_hyper_flags(args) -> None:
+    """RecBole's ``--tool`` and ``--display_file``: ``--tool Ray`` is what the plugin does;
+    any other tool, one line naming the plugin's way; ``--display_file``, a note of where
+    the trials are shown instead of RecBole's plotly figure."""
+    if str(args.tool).lower() != "ray":
+        raise UsageError(
+            f"--tool {args.tool}: the plugin searches with Ray Tune only; for hyperopt's "
+            "TPE give --search hyperopt (or optuna)"
+        )
+    if args.display_file:
+        print(
+            f"note: --display_file {args.display_file}: no plotly figure is drawn; the ranked "
+            "trials are written to trials.md and trials.csv in the search's folder (and to "
+            "--output_file)",
+            file=sys.stderr,
+        )
 
 
 def _resume_argv(argv: list[str], name: str) -> list[str]:
@@ -90,6 +114,7 @@ def cli(argv: list[str]) -> int:
     # Named here, so that an interrupt can name the search to resume.
     name = args.name or default_search_name(args.model, args.dataset)
     try:
+        _recbole_run_hyper_flags(args)
         if args.output_file:
             check_output_file(args.output_file, "--output_file")  # not after the search
         summary = tune_model(
