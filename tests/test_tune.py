@@ -645,3 +645,38 @@ def test_failed_trials_and_broken_search_folders_are_one_line(
     (experiment / SPEC_FILE).write_text("[1, 2]")
     assert main([*argv, "--resume"]) == 2
     assert "is not the settings file a search writes" in capsys.readouterr().err
+
+
+def test_status_lines_say_what_happened_to_each_trial():
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from recbole_freq.jobs.tune.report import finished_trials, rank_trials
+
+    # After Ctrl-C Ray marks the trial it interrupted TERMINATED (and --resume continues
+    # it): it was counted as finished.
+    trials = [
+        SimpleNamespace(status="TERMINATED", last_result={"final": True}),
+        SimpleNamespace(status="TERMINATED", last_result={"epoch": 3}),
+        SimpleNamespace(status="ERROR", last_result={}),
+    ]
+    assert finished_trials(SimpleNamespace(_experiment_analysis=SimpleNamespace(trials=trials))) == (2, 3)  # fmt: skip
+
+    # ASHA may stop a trial at its last validation round: it ran every epoch of its budget
+    # and was labelled "stopped early (ASHA)".
+    def stopped_after(epochs, tuned=None):
+        history = pd.DataFrame({"epoch": list(range(epochs)), "valid_score": [0.1] * epochs})
+        return SimpleNamespace(
+            metrics={"trial_id": f"t{epochs}"}, metrics_dataframe=history, error=None,
+            config=tuned or {}, path=f"/t{epochs}", checkpoint=None,
+        )  # fmt: skip
+
+    rows = rank_trials([stopped_after(4), stopped_after(2)], [], "max", epochs=4)
+    status = {row["trial_id"]: row["status"] for row in rows}
+    assert status == {
+        "t4": "ran its budget (ASHA stopped it before its test)",
+        "t2": "stopped early (ASHA)",
+    }
+    (row,) = rank_trials([stopped_after(2, {"epochs": 2})], ["epochs"], "max", epochs=4)
+    assert row["status"].startswith("ran its budget")

@@ -19,19 +19,37 @@ class TrialsFailedError(RuntimeError):
 
 
 def finished_trials(results) -> tuple[int, int]:
-    """``(finished, started)`` trials of a search."""
+    """``(finished, started)`` trials of a search: finished is a trial that sent its final
+    report (tested) or failed.  Ray's status is no guide after Ctrl-C: it marks a trial it
+    interrupted TERMINATED, and --resume then continues it."""
     trials = getattr(getattr(results, "_experiment_analysis", None), "trials", None) or []
-    finished = sum(trial.status in ("TERMINATED", "ERROR") for trial in trials)
+    finished = sum(
+        trial.status == "ERROR" or bool((trial.last_result or {}).get("final")) for trial in trials
+    )
     return finished, len(trials)
 
 
-def rank_trials(results, names: list[str], mode: str, stopped_tests=None) -> list[dict]:
+def _unfinished_status(result, epochs_run: int, budget) -> str:
+    """A trial without its final report: failed, or stopped by ASHA, which may stop a
+    trial at its last validation round too (it then ran its whole budget)."""
+    if result.error is not None:
+        return "error"
+    if isinstance(budget, int) and epochs_run >= budget:
+        return "ran its budget (ASHA stopped it before its test)"
+    return "stopped early (ASHA)"
+
+
+def rank_trials(
+    results, names: list[str], mode: str, stopped_tests=None, epochs=None
+) -> list[dict]:
     """One row per trial, best validation score first; failed trials last.
     ``stopped_tests``: trial folder -> the test results of a trial ASHA stopped (from its
-    last checkpoint's best weights, ``trial.test_stopped_trial``)."""
+    last checkpoint's best weights, ``trial.test_stopped_trial``).  ``epochs``: the
+    search's fixed budget (a trial's own ``epochs`` when it is tuned)."""
     stopped_tests = stopped_tests or {}
     rows = []
     for result in results:
+        budget = (result.config or {}).get("epochs", epochs)
         metrics = result.metrics or {}
         history = result.metrics_dataframe
         epochs = []
@@ -49,10 +67,10 @@ def rank_trials(results, names: list[str], mode: str, stopped_tests=None) -> lis
         elif len(epochs):
             scores = epochs["valid_score"]
             best = scores.idxmax() if mode == "max" else scores.idxmin()
-            row["status"] = "stopped early (ASHA)" if result.error is None else "error"
             row["best_valid"] = float(scores[best])
             row["best_epoch"] = int(epochs["epoch"][best])
             row["epochs_run"] = int(epochs["epoch"].max()) + 1
+            row["status"] = _unfinished_status(result, row["epochs_run"], budget)
         else:
             row["status"] = "error" if result.error is not None else "no result"
             row["best_valid"] = None

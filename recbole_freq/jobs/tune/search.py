@@ -244,13 +244,16 @@ def tune_model(
 
         finished, started = finished_trials(results)
         raise RunInterrupted(
-            f"the search stopped: {finished} of the {started} trials started had finished; "
+            f"the search stopped: {finished} of the {started} trials started had finished "
+            "(tested or failed); "
             f"the search's state is kept in {experiment_dir}"
         )
     summary = dict(
         model=config["model"], dataset=dataset, experiment_dir=str(experiment_dir),
         metric=config["valid_metric"], mode=mode, shared_dataset=shared is not None,
-        trials=rank_trials(results, list(space), mode, _test_stopped_trials(results)),
+        trials=rank_trials(
+            results, list(space), mode, _test_stopped_trials(results), config["epochs"]
+        ),
     )  # fmt: skip
     return write_outputs(summary, experiment_dir, list(space), job, config_dict, cmd_overrides)
 
