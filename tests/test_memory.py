@@ -102,7 +102,7 @@ def test_length_far_beyond_the_longest_history_is_a_warning(small_config, caplog
     longest = longest_history(dataset) - 1
     assert longest == 15  # write_sequences: at most 16 items per user
     with caplog.at_level(logging.WARNING):
-        check_memory(config, dataset)
+        memory.warn_about_padding(config, longest_history(dataset))
     assert f"the longest history in tiny ({longest} items)" in caplog.text
     caplog.clear()
     config, dataset = tiny_dataset(small_config, MAX_ITEM_LIST_LENGTH=20)

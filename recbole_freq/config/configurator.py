@@ -263,6 +263,10 @@ class FreqConfig(Config):
             model=model_class, dataset=dataset, config_file_list=files, config_dict=config_dict
         )
         self._check_user_settings(model_class, given_dict)
+        # RecBole leaves use_gpu True on a CPU (the printed config said so); it only
+        # decides progress display and the GPU line of the environment table.
+        device = self.final_config_dict["device"]
+        self.final_config_dict["use_gpu"] = getattr(device, "type", str(device)) == "cuda"
 
     def protocol_piece(self, piece: str) -> str:
         """The run's value of protocol ``piece`` (``train_loss``, ``train_rows`` ...),

@@ -201,8 +201,7 @@ def _gib(n: float) -> str:
 
 
 def check_memory(config, dataset, logger=None, users_longest: int | None = None) -> int | None:
-    """Warn about a length far beyond the data, refuse a step that cannot fit (see the
-    module docstring).  ``users_longest``: ``longest_history(dataset)`` taken before
+    """Refuse a step that cannot fit (see the module docstring).  ``users_longest``: ``longest_history(dataset)`` taken before
     ``data_preparation`` (which rewrites the dataset's interactions); by default it is
     taken now.  Returns the estimate in bytes (None when not estimated)."""
     logger = logger or logging.getLogger()
@@ -217,6 +216,13 @@ def check_memory(config, dataset, logger=None, users_longest: int | None = None)
         # Calibrated on the CPU: CUDA's fused attention holds less, and running out of GPU
         # memory is an error the run reports (TrainingOutOfMemory), not a kernel kill.
         logger.warning(f"{message} (estimate from the CPU calibration; trying anyway)")
+    return estimate
+
+
+def warn_about_padding(config, users_longest: int, logger=None) -> None:
+    """Warn about a ``MAX_ITEM_LIST_LENGTH`` far beyond the longest history."""
+    logger = logger or logging.getLogger()
+    longest = users_longest - 1
     length = config["MAX_ITEM_LIST_LENGTH"]
     if isinstance(length, int) and longest > 0 and length >= PADDING_WARNING_FACTOR * longest:
         logger.warning(
@@ -224,7 +230,6 @@ def check_memory(config, dataset, logger=None, users_longest: int | None = None)
             f"{config['dataset']} ({longest} items): the extra positions are padding that "
             f"costs memory and time; MAX_ITEM_LIST_LENGTH={longest} holds every history"
         )
-    return estimate
 
 
 class TrainingOutOfMemory(RuntimeError):

@@ -45,7 +45,12 @@ from recbole_freq.quick_start.distributed import (
     shard_training_loader,
     whole_loaders,
 )
-from recbole_freq.quick_start.memory import TrainingOutOfMemory, check_memory, longest_history
+from recbole_freq.quick_start.memory import (
+    TrainingOutOfMemory,
+    check_memory,
+    longest_history,
+    warn_about_padding,
+)
 from recbole_freq.quick_start.preflight import (
     ModelBuildError,
     check_before_loading,
@@ -163,15 +168,8 @@ def run_config(
     logger.info(config)
     log_unused_settings(config, logger)
 
-    recbole_dataset = create_dataset(config)
-    logger.info(recbole_dataset)
-    check_item_count(config, recbole_dataset)
-    # Before the loaders: RecBole's data preparation allocates rows x MAX_ITEM_LIST_LENGTH
-    # (a length of 1e14 failed inside it with a RuntimeError).
-    check_memory(config, recbole_dataset, logger, longest_history(recbole_dataset))
-    _, loaders = load_splits(config, recbole_dataset)
+    recbole_dataset, loaders = checked_data(config, logger)
     train_data, valid_data, test_data = loaders
-    check_split_rows(config, recbole_dataset, *loaders)
 
     model = new_model(config, train_data)
     logger.info(model)
@@ -197,7 +195,9 @@ def run_config(
         )
     except torch.OutOfMemoryError as error:
         raise TrainingOutOfMemory(config) from error
-    log_results(logger, best_valid_result, test_result, extra_test_results)
+    log_results(
+        logger, best_valid_result, test_result, extra_test_results, config["metric_decimal_place"]
+    )
 
     results = {
         "best_valid_score": float(best_valid_score),
@@ -220,6 +220,21 @@ def run_config(
     if resume_file is not None and resume_file.exists():
         resume_file.unlink()
     return summary
+
+
+def checked_data(config, logger):
+    """``(dataset, loaders)`` of a run, with the checks around them: the item count and
+    the memory guard before the loaders (RecBole's data preparation allocates rows x
+    ``MAX_ITEM_LIST_LENGTH``: a length of 1e14 failed inside it), the split rows after."""
+    recbole_dataset = create_dataset(config)
+    logger.info(recbole_dataset)
+    check_item_count(config, recbole_dataset)
+    users_longest = longest_history(recbole_dataset)
+    check_memory(config, recbole_dataset, logger, users_longest)
+    _, loaders = load_splits(config, recbole_dataset)
+    check_split_rows(config, recbole_dataset, *loaders)
+    warn_about_padding(config, users_longest, logger)
+    return recbole_dataset, loaders
 
 
 def log_unused_settings(config, logger) -> None:
@@ -404,9 +419,12 @@ def log_flops(config, model, dataset, logger) -> None:
     logger.info(set_color("FLOPs", "blue") + f": {flops}")
 
 
-def log_results(logger, best_valid_result, test_result, extra_test_results) -> None:
-    """The closing lines of RecBole's ``run_recbole`` log, which users grep for."""
-    logger.info(set_color("best valid ", "yellow") + f": {dict2str(best_valid_result or {})}")
+def log_results(logger, best_valid_result, test_result, extra_test_results, places=4) -> None:
+    """The closing lines of RecBole's ``run_recbole`` log, which users grep for.  The
+    validation result is kept unrounded (the strict stopping rule compares it so); it is
+    shown to ``metric_decimal_place`` places, as RecBole rounds the test result."""
+    shown = {key: round(float(value), places) for key, value in (best_valid_result or {}).items()}
+    logger.info(set_color("best valid ", "yellow") + f": {dict2str(shown)}")
     logger.info(set_color("test result", "yellow") + f": {dict2str(test_result)}")
     for mode, result in extra_test_results.items():
         logger.info(set_color(f"test result ({mode})", "yellow") + f": {dict2str(result)}")

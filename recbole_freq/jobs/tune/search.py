@@ -240,14 +240,7 @@ def tune_model(
         verbose,
     )  # fmt: skip
     if interrupted:
-        from recbole_freq.utils.signals import RunInterrupted
-
-        finished, started = finished_trials(results)
-        raise RunInterrupted(
-            f"the search stopped: {finished} of the {started} trials started had finished "
-            "(tested or failed); "
-            f"the search's state is kept in {experiment_dir}"
-        )
+        raise _interrupted(results, experiment_dir)
     summary = dict(
         model=config["model"], dataset=dataset, experiment_dir=str(experiment_dir),
         metric=config["valid_metric"], mode=mode, shared_dataset=shared is not None,
@@ -256,6 +249,16 @@ def tune_model(
         ),
     )  # fmt: skip
     return write_outputs(summary, experiment_dir, list(space), job, config_dict, cmd_overrides)
+
+
+def _interrupted(results, experiment_dir):
+    from recbole_freq.utils.signals import RunInterrupted
+
+    finished, started = finished_trials(results)
+    return RunInterrupted(
+        f"the search stopped: {finished} of the {started} trials started had finished "
+        f"(tested or failed); the search's state is kept in {experiment_dir}"
+    )
 
 
 def _checked_search_options(

@@ -9,7 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from recbole_freq.quick_start.memory import check_memory, longest_history
+from recbole_freq.quick_start.memory import check_memory, longest_history, warn_about_padding
 from recbole_freq.utils.files import plain_value
 
 
@@ -138,8 +138,9 @@ def _trial_trainer(params: dict, job: dict, shared_dataset):
         dataset = shared_dataset
         dataset.config = config
     users_longest = longest_history(dataset)
+    check_memory(config, dataset, users_longest=users_longest)  # before the loaders, as run
     _, loaders = load_splits(config, dataset)
-    check_memory(config, dataset, users_longest=users_longest)
+    warn_about_padding(config, users_longest)
 
     model = new_model(config, loaders[0])
     # As `run` does: the count draws random numbers (dropout, BERT4Rec's masking), so a
