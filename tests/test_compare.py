@@ -135,6 +135,44 @@ def test_explicit_baselines_and_metrics_retabulate_without_training(small_config
     assert "±" not in row_text and "one seed (5)" in table["markdown"]
 
 
+def test_a_comparison_prints_its_progress_not_every_runs_log(small_config, tmp_path, capsys):
+    # Four one-epoch runs printed 747 lines, every run's config dump among them.
+    # A process of its own: pytest's log capture would stand between the runs and their
+    # log files.
+    import subprocess
+    import sys
+
+    out = tmp_path / "cmp"
+    argv = ["--compare", "SASRec,GRU4Rec", "--dataset=tiny", "--seeds", "1", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "recbole_freq", *argv,
+         *cli_args(overrides_of(small_config, epochs=1, state="INFO"))],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    terminal = done.stdout + done.stderr
+    assert done.returncode == 0, terminal[-2000:]
+    assert "General Hyper Parameters" not in terminal and len(terminal.splitlines()) < 40
+    run = json.loads(next((out / "runs").glob("SASRec-*.json")).read_text())
+    assert "General Hyper Parameters" in Path(run["summary"]["log_file"]).read_text()
+
+
+def test_the_users_own_metrics_reach_the_table(small_config, tmp_path):
+    # metrics: [Hit, NDCG, Recall, MRR] in the user's settings: the table showed Hit and
+    # NDCG only unless --metrics repeated the others.
+    overrides = overrides_of(
+        small_config,
+        epochs=1,
+        metrics=["Hit", "NDCG", "Recall", "MRR"],
+        topk=[5, 10],
+        valid_metric="NDCG@10",
+    )
+    table = compare("SASRec", "tiny", seeds="5", overrides=overrides, out=tmp_path / "cmp")
+    assert table["metrics"] == [
+        "hit@5", "hit@10", "ndcg@5", "ndcg@10", "recall@5", "recall@10", "mrr@5", "mrr@10",
+    ]  # fmt: skip
+    assert "mrr@10" in table["markdown"] and table["rows"][0]["mrr@10_mean"] is not None
+
+
 def test_extra_test_modes_become_mode_prefixed_columns(small_config, tmp_path):
     out = tmp_path / "cmp"
     overrides = overrides_of(small_config, epochs=1, extra_test_modes=["uni100"])

@@ -36,6 +36,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -70,6 +71,23 @@ def make_ensure_dir_race_free() -> None:
 _RUN_HANDLER_FLAG = "_recbole_freq_run_handler"
 
 
+# Set while a comparison trains (``console_warnings_only``).
+_quiet_console = False
+
+
+@contextlib.contextmanager
+def console_warnings_only():
+    """Runs inside this block log everything to their files and only warnings and errors
+    to the terminal: a comparison of four one-epoch runs printed 747 lines, each run's
+    whole config among them."""
+    global _quiet_console
+    before, _quiet_console = _quiet_console, True
+    try:
+        yield
+    finally:
+        _quiet_console = before
+
+
 def _init_logger_per_run(original):
     def init_logger(config):
         root = logging.getLogger()
@@ -81,6 +99,9 @@ def _init_logger_per_run(original):
         try:
             if writing_rank(config):
                 original(config)  # basicConfig installs this run's stream and file handlers
+                for handler in root.handlers if _quiet_console else ():
+                    if not isinstance(handler, logging.FileHandler):
+                        handler.setLevel(max(handler.level, logging.WARNING))
             else:
                 # A quiet process of a data-parallel run (fix 14): errors only, no file.
                 quiet = logging.StreamHandler()

@@ -10,6 +10,7 @@ import os
 import time
 from pathlib import Path
 
+from recbole_freq.compat.logs import console_warnings_only
 from recbole_freq.jobs.ray_cluster import check_resources, import_ray, start_or_join
 from recbole_freq.utils.files import plain_value, write_atomic
 from recbole_freq.utils.inputs import read_input_text
@@ -295,15 +296,16 @@ def _train_one(
         # Ray workers of a remote cluster may start elsewhere; relative paths
         # (data_path, checkpoint_dir, log/) are meant relative to the driver's folder.
         os.chdir(workdir)
-    return run(
-        model,
-        dataset,
-        config_files,
-        cmd_overrides={**(references or {}).get(entry, {}), **overrides, "seed": seed},
-        paper=entry in paper_models,
-        shared_with=entry_models(models),
-        resume_file=resume_file,
-    )
+    with console_warnings_only():  # each run's log file keeps its whole account
+        return run(
+            model,
+            dataset,
+            config_files,
+            cmd_overrides={**(references or {}).get(entry, {}), **overrides, "seed": seed},
+            paper=entry in paper_models,
+            shared_with=entry_models(models),
+            resume_file=resume_file,
+        )
 
 
 def validate(

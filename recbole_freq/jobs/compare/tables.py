@@ -44,6 +44,11 @@ def choose_metrics(metrics, config) -> list[str]:
         chosen = [m for m in DEFAULT_METRICS if m in available] or sorted(
             m for m in available if ":" not in m
         )
+        # Metrics the user's settings add beyond the papers' two (Recall, MRR ...) were
+        # dropped unless --metrics repeated them: each joins at every cut-off.
+        topk = config["topk"] if isinstance(config["topk"], list) else [config["topk"]]
+        added = [m.lower() for m in config["metrics"] if m.lower() not in ("hit", "ndcg")]
+        chosen += [f"{name}@{k}" for name in added for k in topk if f"{name}@{k}" not in chosen]
         extra = [
             f"{mode}:{m}" for mode in extra_test_modes(config) for m in DEFAULT_EXTRA_MODE_METRICS
         ]
