@@ -327,3 +327,17 @@ def test_recbole_modules_imported_before_the_plugin_are_patched_at_its_import():
         "assert hasattr(Dataset._download, '__wrapped__')\n"
     )
     _modules_loaded_by(code)
+
+
+def test_help_names_the_models_and_data_parallel_flags(capsys):
+    from recbole_freq.model import MODELS
+    from recbole_freq.utils.command import PLUGIN_MODEL_NAMES
+
+    # --help named no model and left out --nproc (it must not import torch for the list).
+    assert list(PLUGIN_MODEL_NAMES) == sorted(MODELS)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "models (--model): " + ", ".join(PLUGIN_MODEL_NAMES) in printed
+    assert "--nproc=N" in printed and "--group_offset" in printed
+    assert "1 the environment failed (an output could not be written, memory ran out, " in printed

@@ -14,7 +14,12 @@ from recbole_freq.cli.common import (
     report_error,
     split_config_files,
 )
-from recbole_freq.utils.command import DEFAULT_DATASET, DEFAULT_MODEL, invoked_command
+from recbole_freq.utils.command import (
+    DEFAULT_DATASET,
+    DEFAULT_MODEL,
+    PLUGIN_MODEL_NAMES,
+    invoked_command,
+)
 
 MODES_HELP = """\
 jobs (one per call):
@@ -29,6 +34,8 @@ jobs (one per call):
                             (--trust_data: one that records no dataset fingerprint)
 Each job has its own --help (e.g. --compare --help).
 
+{models}
+
 common overrides (any RecBole or model setting, as --key=value):
   --epochs=N --learning_rate=X --train_batch_size=N --MAX_ITEM_LIST_LENGTH=N
   --hidden_size=N --n_layers=N --n_heads=N --seed=N --data_path=DIR
@@ -37,9 +44,12 @@ common overrides (any RecBole or model setting, as --key=value):
   --history_mask=none|zero|exclude --train_rows=all_prefixes|window|last_n_all_positions
   --train_loss=model|bce|bpr --eval_negatives=target_only|unseen --stopping_rule=recbole|strict
   --sequence_layout=right|left
+  --nproc=N (data-parallel training in N processes; also for --compare), --world_size,
+  --ip, --port, --offset (RecBole's run_recbole.py: --group_offset) across machines
 An unknown or misspelled key is an error; list your own keys under accept_unknown_keys.
 
-exit codes: 0 done, 1 an output could not be written, 2 bad usage or input,
+exit codes: 0 done, 1 the environment failed (an output could not be written, memory
+ran out, RecBole is missing), 2 bad usage or input,
 130 interrupted (the message says what was kept and how to continue).
 RECBOLE_FREQ_DEBUG=1 shows tracebacks.
 """
@@ -53,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train and evaluate a recbole-freq or RecBole model. Any other "
         "--key=value is a RecBole config override, as in RecBole's run_recbole.py.",
-        epilog=MODES_HELP + builtin_files_help(),
+        epilog=MODES_HELP.format(models=models_help()) + builtin_files_help(),
     )
     # None marks "not given": only a command naming none of them runs the default job.
     parser.add_argument("--model", "-m", default=None, help="model name (default BSARec)")
@@ -82,6 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_trust_data_option(parser, "resume state (--resume)")
     return parser
+
+
+def models_help() -> str:
+    import textwrap
+
+    return textwrap.fill(
+        f"models (--model): {', '.join(PLUGIN_MODEL_NAMES)}; or any RecBole built-in, e.g. "
+        "SASRec, BERT4Rec, GRU4Rec, Caser, FEARec",
+        width=88, subsequent_indent="  ",
+    )  # fmt: skip
 
 
 def builtin_files_help() -> str:

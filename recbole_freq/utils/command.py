@@ -17,6 +17,12 @@ import sys
 # defaults and choices the jobs' parsers offer: kept here, where importing them loads
 # nothing heavy, so that every --help answers at once.
 DEFAULT_MODEL = "BSARec"
+# recbole_freq.model.MODELS by name, for --help without importing torch (a test keeps
+# the two equal).
+PLUGIN_MODEL_NAMES = (
+    "BERT4RecDenoiser", "BSARec", "CL4SRec", "DuoRec", "FBSARec", "FMLPRec", "PolyRec",
+    "RecDenoiser", "SSEPT", "TiSASRec",
+)  # fmt: skip
 DEFAULT_DATASET = "ml-100k"
 DEFAULT_SEEDS = (2024, 2025, 2026)  # --compare
 SEARCHES = ("grid", "random", "optuna", "hyperopt")  # --hyper_file --search
