@@ -193,3 +193,33 @@ def test_one_bad_checkpoint_does_not_fail_the_batch(checkpoints, tmp_path, capsy
     assert [c["model"] for c in report["checkpoints"]] == ["SASRec"]
     assert main(["--analyze", missing, str(tmp_path / "other.pth"), "--out", str(out)]) == 2
     assert "none of the 2 checkpoints can be analysed" in capsys.readouterr().err
+
+
+def test_figures_name_their_dataset_and_tick_whole_layers(checkpoints, tmp_path):
+    # The suptitle ran into the subplot titles, layer axes ticked at 0.25, and no figure
+    # named its dataset.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from recbole_freq.jobs.analyze import figures
+    from recbole_freq.jobs.analyze.measures import analyse_checkpoint, label_results
+
+    results = [analyse_checkpoint(checkpoints["BSARec"], max_sequences=20)]
+    label_results(results)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for name, draw in figures.FIGURES:
+        figure = draw(plt, results, colors)
+        if figure is None:
+            continue
+        assert figure._suptitle.get_text().endswith(" on tiny"), name
+        figure.canvas.draw()
+        title_bottom = figure._suptitle.get_window_extent().y0
+        for axis in figure.axes:
+            if axis.get_title():
+                assert axis.title.get_window_extent().y1 <= title_bottom, name
+            if axis.get_xlabel().startswith("layer"):
+                ticks = [t for t in axis.get_xticks() if axis.get_xlim()[0] <= t <= axis.get_xlim()[1]]  # fmt: skip
+                assert all(float(t).is_integer() for t in ticks), (name, ticks)
+        plt.close(figure)

@@ -43,6 +43,20 @@ def write_figures(results: list[dict], out: Path, written: list | None = None) -
     return written
 
 
+def _title(figure, text: str, results) -> None:
+    """The figure's title, naming the datasets analysed, set above the subplots' own
+    titles (at the default height it ran into them)."""
+    datasets = ", ".join(dict.fromkeys(str(r.get("dataset", "?")) for r in results))
+    figure.suptitle(f"{text} on {datasets}", y=1.04)
+
+
+def _integer_layers(axis) -> None:
+    """Layer axes tick at whole layers (not 0.25 steps)."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _spectral_response(plt, results, colors):
     n_layers = max(len(r["attention_layers"]) for r in results)
     figure, axes = plt.subplots(
@@ -71,7 +85,7 @@ def _spectral_response(plt, results, colors):
         axis.grid(alpha=0.3)
     axes[0, 0].set_ylabel("|M f_k| / |f_k|")
     axes[0, 0].legend(fontsize=7)
-    figure.suptitle("Spectral response of the attention matrices (BSARec Fig. 2b)", y=1.03)
+    _title(figure, "Spectral response of the attention matrices (BSARec Fig. 2b)", results)
     return figure
 
 
@@ -97,10 +111,11 @@ def _oversmoothing(plt, results, colors):
     left.set_ylabel("sigma_i / sigma_1 (last layer)")
     right.set_title("mean pairwise cosine similarity of tokens")
     right.set_xlabel("layer (0 = embedding)")
+    _integer_layers(right)
     for axis in (left, right):
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7)
-    figure.suptitle("Over-smoothing (BSARec Fig. 3)")
+    _title(figure, "Over-smoothing (BSARec Fig. 3)", results)
     return figure
 
 
@@ -113,8 +128,10 @@ def _frequency_energy(plt, results, colors):
         axis.plot(*zip(*points), "o-", color=colors[number % len(colors)], label=result["label"])
     axis.set_yscale("log")
     axis.set_xlabel("layer (0 = embedding)")
+    _integer_layers(axis)
     axis.set_ylabel("high / low frequency energy")
     axis.set_title("Energy outside / inside the DC bin (Theorem 1)")
+    _title(figure, "Frequency energy per layer", results)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7)
     return figure
@@ -138,6 +155,7 @@ def _bsarec_beta(plt, results, colors):
         axis.set_yticks(range(len(result["bsarec_beta"])))
         axis.set_yticklabels(range(1, len(result["bsarec_beta"]) + 1))
         figure.colorbar(image, ax=axis)
+    _title(figure, "BSARec's learned beta", with_beta)
     return figure
 
 
@@ -163,6 +181,7 @@ def _rec_denoiser_masks(plt, results, colors):
                 name = "\n".join(textwrap.wrap(result["label"], 28))
                 axes[row, column].set_ylabel(f"{name}\nquery", fontsize=8)
         figure.colorbar(image, ax=axes[row, :].tolist())
+    _title(figure, "Rec-Denoiser's attention masks", with_masks)
     return figure
 
 
@@ -182,6 +201,7 @@ def _polyrec_orders(plt, results, colors):
         axis.set_ylabel("mean |w_k T_k(A) V| per token")
         axis.set_title(f"{result['label']}: per-order contribution (section 4.5)", fontsize=9)
         axis.legend(fontsize=7)
+    _title(figure, "PolyRec's per-order contributions", with_orders)
     return figure
 
 
