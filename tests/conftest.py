@@ -1,5 +1,6 @@
 """Shared fixtures: small real datasets and configurations for the real RecBole pipeline."""
 
+import os
 import random
 import sys
 from pathlib import Path
@@ -121,6 +122,16 @@ def small_config(tiny_data, tmp_path):
         checkpoint_dir=str(tmp_path / "saved"),
         log_wandb=False,
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_cwd(tmp_path_factory):
+    # Module-scoped fixtures run before each test's own folder is entered: without this
+    # their runs left log/ and log_tensorboard/ files in the checkout.
+    before = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("session-cwd"))
+    yield
+    os.chdir(before)
 
 
 @pytest.fixture(autouse=True)
