@@ -57,6 +57,14 @@ def permuted_items(source: Path, target: Path, seed: int = 7) -> Path:
     return target
 
 
+# The first line of a subprocess that must run as in an environment without the site
+# hook of compat fix 20 (scripts/dev installs it into .venv).
+WITHOUT_SITE_HOOK = (
+    "import sys; sys.meta_path[:] = "
+    "[f for f in sys.meta_path if type(f).__name__ != 'RecBoleFreqFixes']\n"
+)
+
+
 def prepare(model, overrides, dataset="tiny"):
     """``(config, train, valid, test)`` of ``model`` on a prepared dataset through the real
     pipeline (``quick_start.load_splits``), the global RNG then seeded as for a model

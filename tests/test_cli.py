@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, WITHOUT_SITE_HOOK
 from recbole_freq.cli import main
 from recbole_freq.config.configurator import FreqConfig, property_files
 
@@ -316,7 +316,7 @@ def test_importing_the_plugin_is_light_and_its_names_load_on_use():
 def test_recbole_modules_imported_before_the_plugin_are_patched_at_its_import():
     """The fixes are applied when a RecBole module is first imported, or at once for one
     that a program imported before the plugin."""
-    code = (
+    code = WITHOUT_SITE_HOOK + (
         "import recbole.trainer.trainer as t\n"
         "import recbole.utils as u\n"
         "assert t.torch.__name__ == 'torch'\n"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, WITHOUT_SITE_HOOK
 from recbole_freq.cli import main
 from recbole_freq.cli.train import _default_job_files, build_parser, format_summary
 from recbole_freq.compat.logs import current_log_file
@@ -305,7 +305,7 @@ def test_recboles_load_data_and_model_needs_the_plugin_imported_as_readme_says(t
         config_dict={"data_path": str(tiny_data), "epochs": 1, "hidden_size": 8, "n_layers": 1,
                      "n_heads": 1, "inner_size": 8, "checkpoint_dir": str(tmp_path / "saved")},
     )  # fmt: skip
-    script = (
+    script = WITHOUT_SITE_HOOK + (
         "from recbole.quick_start import load_data_and_model\n"
         f"config, model, *_ = load_data_and_model({summary['checkpoint']!r})\n"
         "print(type(model).__name__)\n"
@@ -402,3 +402,44 @@ def test_recboles_run_hyper_and_run_recbole_flags(small_config, tmp_path, capsys
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("note: --display_file plot.html: no plotly figure is drawn")
     assert "dataset 'missing' is not prepared" in err[1] and len(err) == 2
+
+
+PLAIN_RECBOLE = """
+import site, sys
+if sys.argv[1] != "-":
+    site.addsitedir(sys.argv[1])  # as site-packages is read at start-up
+import numpy as np
+from recbole.quick_start import load_data_and_model, run_recbole
+run_recbole(model="SASRec", dataset="tiny", config_dict={
+    "data_path": sys.argv[2], "epochs": 1, "train_neg_sample_args": None, "hidden_size": 16,
+    "n_layers": 1, "n_heads": 1, "inner_size": 16, "checkpoint_dir": "saved",
+    "show_progress": False, "state": "WARNING",
+    "load_col": {"inter": ["user_id", "item_id", "timestamp"]}})
+config, model, *_ = load_data_and_model(sys.argv[3])
+print("plain RecBole ran and reloaded", type(model).__name__)
+"""
+
+
+def test_plain_recbole_runs_in_the_plugins_environment(small_config, tiny_data, tmp_path):
+    # Without `import recbole_freq`, run_recbole stopped at numpy 2's np.float_ and
+    # load_data_and_model of a plugin checkpoint at KeyError: 'seed'.
+    from recbole_freq.compat import site_hook
+
+    checkpoint = run("BSARec", "tiny", config_dict=dict(small_config, epochs=1))["checkpoint"]
+    hook = site_hook.install(tmp_path / "site")
+    assert hook.name == site_hook.HOOK_FILE
+
+    def plain(site_dir):
+        return subprocess.run(
+            [sys.executable, "-c", WITHOUT_SITE_HOOK + PLAIN_RECBOLE, site_dir, str(tiny_data),
+             checkpoint],
+            capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        )  # fmt: skip
+
+    without = plain("-")
+    assert without.returncode != 0 and "np.float_" in without.stderr
+    hooked = plain(str(hook.parent))
+    assert hooked.returncode == 0, hooked.stderr[-2000:]
+    assert "plain RecBole ran and reloaded BSARec" in hooked.stdout
+    site_hook.remove(tmp_path / "site")
+    assert not hook.exists()

@@ -18,7 +18,8 @@ and tests cite them):
 - ``distributed``: 14 a ``gloo`` group without CUDA, 15 DDP of a CPU model, 16 one
   process writes TensorBoard events;
 - ``settings``: 18 setting values read as literals, never ``eval()``-ed;
-- ``import_hooks``: 12 each fix installed when its RecBole module is first imported.
+- ``import_hooks``: 12 each fix installed when its RecBole module is first imported;
+- ``site_hook``: 20 the fixes for a program that imports RecBole without the plugin.
 
 The fixes that call the plugin's upper layers (the checkpoint loader, the model
 restorer, the data guard) find them in ``plugin_parts``, where the package's entry
