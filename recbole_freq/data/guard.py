@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from dataset_prep.atomic import file_sha256
+
 
 class DatasetNotPreparedError(FileNotFoundError):
     pass
@@ -78,16 +80,6 @@ class DatasetInconsistentError(ValueError):
     """A prepared dataset whose files do not belong together."""
 
 
-def _file_sha256(path: str) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def check_files_agree(folder: str, name: str) -> None:
     """The files ``dataset_prep`` wrote together must still be the ones its manifest
     (``<name>.stats.json``, renamed into place last) records: a preparation killed
@@ -121,7 +113,7 @@ def check_files_agree(folder: str, name: str) -> None:
 
 def _disagreement(folder: str, name: str, stats: dict) -> str | None:
     inter = os.path.join(folder, f"{name}.inter")
-    if _file_sha256(inter) != stats["inter_sha256"]:
+    if file_sha256(inter) != stats["inter_sha256"]:
         return f"{name}.inter is not the file {name}.stats.json records"
     idmap = os.path.join(folder, f"{name}.idmap.json")
     recorded_map = stats.get("idmap_file")
@@ -130,7 +122,7 @@ def _disagreement(folder: str, name: str, stats: dict) -> str | None:
     if recorded_map is not None and not os.path.isfile(idmap):
         return f"{name}.idmap.json, which {name}.stats.json names, is missing"
     recorded_sha = stats.get("idmap_sha256")
-    if recorded_map is not None and recorded_sha and _file_sha256(idmap) != recorded_sha:
+    if recorded_map is not None and recorded_sha and file_sha256(idmap) != recorded_sha:
         return f"{name}.idmap.json is not the id map {name}.stats.json records"
     return None
 
