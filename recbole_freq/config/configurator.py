@@ -191,9 +191,10 @@ def check_name_component(name, what: str) -> None:
             f"{what} {text!r} must be a plain name (no '/', '\\', '.' or '..'): it names "
             "files and folders"
         )
-    if len(text.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+    size = len(text.encode("utf-8", "surrogateescape"))
+    if size > MAX_NAME_BYTES:
         raise ValueError(
-            f"{what} {text[:40]!r}... has {len(text.encode('utf-8', 'surrogateescape'))} "
+            f"{what} {text[:40]!r}... has {size} "
             f"bytes: it names files and folders (with the model and date added to some), so "
             f"it may have at most {MAX_NAME_BYTES}"
         )

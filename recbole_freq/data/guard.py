@@ -51,11 +51,15 @@ def inter_files(config) -> list[str]:
     ]
 
 
+def inter_header(path, separator=None) -> list[str]:
+    """The fields of an atomic file's header as declared (``user_id:token``)."""
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return handle.readline().rstrip("\r\n").split(separator or "\t")
+
+
 def inter_columns(path, separator=None) -> list[str]:
     """The column names of an atomic file's header (``user_id:token`` -> ``user_id``)."""
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        header = handle.readline().rstrip("\r\n").split(separator or "\t")
-    return [column.split(":")[0] for column in header]
+    return [column.split(":")[0] for column in inter_header(path, separator)]
 
 
 def check_prepared(config) -> str:

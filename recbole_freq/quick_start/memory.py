@@ -201,9 +201,10 @@ def _gib(n: float) -> str:
 
 
 def check_memory(config, dataset, logger=None, users_longest: int | None = None) -> int | None:
-    """Refuse a step that cannot fit (see the module docstring).  ``users_longest``: ``longest_history(dataset)`` taken before
-    ``data_preparation`` (which rewrites the dataset's interactions); by default it is
-    taken now.  Returns the estimate in bytes (None when not estimated)."""
+    """Refuse a step that cannot fit (see the module docstring).  ``users_longest``:
+    ``longest_history(dataset)`` taken before ``data_preparation`` (which rewrites the
+    dataset's interactions); by default it is taken now.  Returns the estimate in bytes
+    (None when not estimated)."""
     logger = logger or logging.getLogger()
     longest = (users_longest or longest_history(dataset)) - 1
     shape = step_shape(config, dataset.item_num)

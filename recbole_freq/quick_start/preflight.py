@@ -13,7 +13,7 @@ import numpy as np
 from recbole.utils import ModelType
 
 from recbole_freq.config.configurator import get_model_class
-from recbole_freq.data.guard import check_prepared, inter_columns, inter_files
+from recbole_freq.data.guard import check_prepared, inter_columns, inter_files, inter_header
 from recbole_freq.model.layout import builtin_class
 from recbole_freq.utils.files import check_writable
 from recbole_freq.utils.reproducibility import run_threads
@@ -217,10 +217,11 @@ def check_timestamps(config) -> None:
         return
     separator = config["field_separator"] or "\t"
     for inter in inter_files(config):
-        names = inter_columns(inter, separator)
+        declared = inter_header(inter, separator)
+        names = [column.split(":")[0] for column in declared]
         if time_field not in names:
             continue
-        _check_time_type(inter, separator, names.index(time_field))
+        _check_time_type(inter, declared[names.index(time_field)])
         column = pd.read_csv(
             inter,
             sep=separator,
@@ -306,11 +307,8 @@ def extra_test_modes(config) -> list[str]:
 def _check_id_types(config) -> None:
     """A sequential model reads one user and one item id per row: a header that types
     them ``token_seq`` (lists) failed deep inside RecBole with a TypeError."""
-    separator = config["field_separator"] or "\t"
     for inter in inter_files(config):
-        with open(inter, encoding="utf-8", errors="replace") as handle:
-            header = handle.readline().rstrip("\r\n").split(separator)
-        for declared in header:
+        for declared in inter_header(inter, config["field_separator"]):
             name, _, kind = declared.partition(":")
             if name in (config["USER_ID_FIELD"], config["ITEM_ID_FIELD"]) and kind != "token":
                 raise ValueError(
@@ -319,11 +317,9 @@ def _check_id_types(config) -> None:
                 )
 
 
-def _check_time_type(inter, separator: str, position: int) -> None:
+def _check_time_type(inter, declared: str) -> None:
     """RecBole orders by the time column as its header types it: ``:token`` values are
     text, sorted as text (``"10"`` before ``"9"``), which reorders the histories."""
-    with open(inter, encoding="utf-8", errors="replace") as handle:
-        declared = handle.readline().rstrip("\r\n").split(separator)[position]
     name, _, kind = declared.partition(":")
     if kind != "float":
         raise ValueError(

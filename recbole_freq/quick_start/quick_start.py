@@ -222,11 +222,13 @@ def run_config(
     return summary
 
 
-def checked_data(config, logger):
-    """``(dataset, loaders)`` of a run, with the checks around them: the item count and
-    the memory guard before the loaders (RecBole's data preparation allocates rows x
-    ``MAX_ITEM_LIST_LENGTH``: a length of 1e14 failed inside it), the split rows after."""
-    recbole_dataset = create_dataset(config)
+def checked_data(config, logger, recbole_dataset=None):
+    """``(dataset, loaders)`` of a run or search trial (``recbole_dataset``: one already
+    loaded), with the checks around them: the item count and the memory guard before the
+    loaders (RecBole's data preparation allocates rows x ``MAX_ITEM_LIST_LENGTH``: a
+    length of 1e14 failed inside it), the split rows after."""
+    if recbole_dataset is None:
+        recbole_dataset = create_dataset(config)
     logger.info(recbole_dataset)
     check_item_count(config, recbole_dataset)
     users_longest = longest_history(recbole_dataset)

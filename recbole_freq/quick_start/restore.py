@@ -19,7 +19,7 @@ from recbole_freq.checkpoint.loader import (
     weights_fingerprint,
 )
 from recbole_freq.config.configurator import parse_device
-from recbole_freq.data.guard import check_prepared, check_recorded_dataset
+from recbole_freq.data.guard import check_recorded_dataset
 from recbole_freq.protocol import protocol_label
 
 
@@ -65,7 +65,6 @@ def restore_model(path, data_path=None, device="cpu", adjust=None, trust_data=Fa
     config["show_progress"] = False
     if adjust is not None:
         adjust(config)
-    check_prepared(config)
     check_recorded_dataset(
         config, config["dataset_sha256"], f"checkpoint {str(path)!r}",
         "Point --data_path at the data it was trained on.", trust_data, CheckpointMismatchError,

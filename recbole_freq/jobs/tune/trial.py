@@ -9,7 +9,6 @@ import os
 import tempfile
 from pathlib import Path
 
-from recbole_freq.quick_start.memory import check_memory, longest_history, warn_about_padding
 from recbole_freq.utils.files import plain_value
 
 
@@ -95,14 +94,13 @@ def _trial_trainer(params: dict, job: dict, shared_dataset):
     Ray checkpoint when Ray restores it."""
     import ray
     from ray import tune
-    from recbole.data import create_dataset
     from recbole.utils import init_logger, init_seed
 
     from recbole_freq.config.configurator import FreqConfig
     from recbole_freq.data.guard import check_prepared, dataset_fingerprint
     from recbole_freq.protocol import trainer_for
     from recbole_freq.quick_start.quick_start import (
-        load_splits,
+        checked_data,
         log_flops,
         new_model,
         unique_checkpoint_path,
@@ -130,17 +128,12 @@ def _trial_trainer(params: dict, job: dict, shared_dataset):
         config["dataset_sha256"] = dataset_fingerprint(config)
     if shared_dataset is None:
         check_prepared(config)
-        dataset = create_dataset(config)
     else:
         # The driver loaded and filtered the data with settings equal to this trial's
         # in every dataset key (this is the trial's own deserialized copy); the split and
         # loaders below follow the trial's config.
-        dataset = shared_dataset
-        dataset.config = config
-    users_longest = longest_history(dataset)
-    check_memory(config, dataset, users_longest=users_longest)  # before the loaders, as run
-    _, loaders = load_splits(config, dataset)
-    warn_about_padding(config, users_longest)
+        shared_dataset.config = config
+    dataset, loaders = checked_data(config, logging.getLogger(), shared_dataset)
 
     model = new_model(config, loaders[0])
     # As `run` does: the count draws random numbers (dropout, BERT4Rec's masking), so a
