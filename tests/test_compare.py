@@ -17,7 +17,7 @@ from recbole_freq.jobs.compare import (
     paired_p_value,
     summarise,
 )
-from recbole_freq.jobs.compare.runs import _check_ray_resources
+from recbole_freq.jobs.compare.execution import _check_ray_resources
 
 METRICS = ["hit@5", "hit@10", "hit@20", "ndcg@5", "ndcg@10", "ndcg@20"]
 

@@ -2,7 +2,8 @@
 interrupt reporter, one set of exit codes.
 
 - ``exit_code``: 0 done, 1 an output could not be written or the device ran out of
-  memory, 2 bad usage or input, 130 interrupted (143 after SIGTERM);
+  memory, 2 bad usage or input, 3 stopped at its time limit (``TIME_LIMIT_EXIT``: the
+  same command continues), 130 interrupted (143 after SIGTERM);
 - ``report_error`` / ``report_interrupt``: exactly one line on stderr
   (``RECBOLE_FREQ_DEBUG=1`` re-raises with the traceback);
 - ``CommandLineParser``: argparse whose errors follow the same rule.
@@ -28,6 +29,10 @@ EXPECTED_ERRORS = (
     OutputWriteError,
     TrainingOutOfMemory,
 )
+
+
+# A job that stopped at its --time_limit with its state kept: not done, not failed.
+TIME_LIMIT_EXIT = 3
 
 
 def exit_code(error: BaseException) -> int:

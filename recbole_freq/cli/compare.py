@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 
 from recbole_freq.cli.common import (
     EXPECTED_ERRORS,
+    TIME_LIMIT_EXIT,
     CommandLineParser,
     parse_job_args,
     report_error,
@@ -21,8 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CommandLineParser(
         prog=f"{invoked_command()} --compare",
         allow_abbrev=False,
-        description="Compare models over several seeds on one dataset and protocol. Any "
-        "other --key=value is a RecBole config override applied to every run.",
+        description="Compare models over several seeds on one or several datasets (a "
+        "models x datasets table beside the papers'). Any other --key=value is a RecBole "
+        "config override applied to every run.",
     )
     parser.add_argument(
         "--compare",
@@ -31,14 +34,22 @@ def build_parser() -> argparse.ArgumentParser:
         "more with another loss (e.g. SASRec,SASRec@train_loss=model,BSARec --paper: "
         "SASRec with the paper's BCE and with its own CE, BSARec's gain over each)",
     )
-    parser.add_argument("--dataset", "-d", default=DEFAULT_DATASET)
+    parser.add_argument(
+        "--dataset",
+        "-d",
+        default=DEFAULT_DATASET,
+        help="a dataset, or several comma-separated (a grid: each in <out>/<dataset>/, and "
+        "the models x datasets table in <out>/grid.md)",
+    )
     parser.add_argument(
         "--seeds",
         default=",".join(map(str, DEFAULT_SEEDS)),
         help="comma-separated seeds (default 2024,2025,2026)",
     )
     parser.add_argument("--config_files", nargs="+", default=None, help="yaml files for every run")
-    parser.add_argument("--out", default=None, help="output folder (default comparisons/<dataset>)")
+    parser.add_argument(
+        "--out", default=None, help="output folder (default comparisons/<dataset>[+<dataset>...])"
+    )
     parser.add_argument(
         "--baselines",
         default=None,
@@ -71,13 +82,37 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="table runs made under different protocols anyway (each row names its own)",
     )
+    add_execution_arguments(parser)
+    return parser
+
+
+def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the runs go: packed onto this machine, as Ray tasks, under a time limit."""
+    parser.add_argument(
+        "--parallel",
+        default=None,
+        help="runs at once on this machine (a number, or auto: as many as its cores hold), "
+        "each in its own process; one GPU is shared by them (default: one after another)",
+    )
+    parser.add_argument(
+        "--threads_per_run",
+        type=int,
+        default=None,
+        help="torch threads of each --parallel run (default: the cores shared out)",
+    )
+    parser.add_argument(
+        "--time_limit",
+        type=parse_duration,
+        default=None,
+        help="stop every run at an epoch boundary before this much time has passed (90m, "
+        "2h, 1h30m, or seconds), keeping its state; the same command continues (exit code 3)",
+    )
     parser.add_argument("--ray", action="store_true", help="run the trials as parallel Ray tasks")
     parser.add_argument("--cpus_per_run", type=float, default=1.0, help="Ray CPUs per run")
     parser.add_argument("--gpus_per_run", type=float, default=0.0, help="Ray GPUs per run")
     parser.add_argument(
         "--ray_address", default=None, help="Ray cluster to join (default RAY_ADDRESS or local)"
     )
-    return parser
 
 
 def cli(argv: list[str]) -> int:
@@ -103,6 +138,9 @@ def cli(argv: list[str]) -> int:
             cpus_per_run=args.cpus_per_run,
             gpus_per_run=args.gpus_per_run,
             ray_address=args.ray_address,
+            parallel=args.parallel,
+            threads_per_run=args.threads_per_run,
+            time_limit=args.time_limit,
         )
     except EXPECTED_ERRORS as error:
         return report_error(error)
@@ -112,8 +150,33 @@ def cli(argv: list[str]) -> int:
             f"{invoked_command()} {shlex.join(argv)}"
         ) from interrupt
     labels = ", ".join(dict.fromkeys(row["protocol"] for row in result["rows"]))
-    print(f"Protocol{'s' if ',' in labels else ''}: {labels}\n")
+    if labels:
+        print(f"Protocol{'s' if ',' in labels else ''}: {labels}\n")
     print(result["markdown"])
     for name, path in result["files"].items():
         print(f"{name:<9} {path}")
+    if not result["complete"]:
+        print(
+            f"{len(result['stopped'])} run(s) stopped at the time limit and "
+            f"{len(result['not_started'])} not started; the tables hold the runs stored so "
+            f"far. Continue with: {invoked_command()} {shlex.join(argv)}",
+            file=sys.stderr,
+        )
+        return TIME_LIMIT_EXIT
     return 0
+
+
+def parse_duration(text: str) -> float:
+    """``90m``, ``2h``, ``1h30m``, ``45s`` or plain seconds, as seconds."""
+    import re
+
+    match = re.fullmatch(
+        r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", text.strip()
+    )
+    if not text.strip() or match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (90m, 2h, 1h30m, 3600)")
+    hours, minutes, seconds = (float(part or 0) for part in match.groups())
+    total = hours * 3600 + minutes * 60 + seconds
+    if total <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive duration")
+    return total

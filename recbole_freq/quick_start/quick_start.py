@@ -60,6 +60,7 @@ from recbole_freq.quick_start.preflight import (
     extra_test_modes,
 )
 from recbole_freq.quick_start.resume import (
+    EpochDeadline,
     ResumeError,
     apply_resume_state,
     check_resume_data,
@@ -88,6 +89,7 @@ def run(
     saved: bool = True,
     shared_with=(),
     resume_file=None,
+    deadline: float | None = None,
 ) -> dict:
     """Train ``model`` on ``dataset`` and evaluate on the test split; return a summary.
 
@@ -98,13 +100,20 @@ def run(
     ``shared_with``: other models given the same settings (``FreqConfig``).
     ``resume_file``: where the run keeps its resume state (``recbole_freq.quick_start.resume``);
     if the file exists, the run continues from it (its settings must be the same).  By
-    default it is ``<checkpoint>.resume.pth``, used by ``--resume``."""
+    default it is ``<checkpoint>.resume.pth``, used by ``--resume``.
+    ``deadline`` (``time.time()`` seconds): the run stops at an epoch boundary, its resume
+    state written, raising ``TimeLimitReached`` (``resume.EpochDeadline``)."""
     config = FreqConfig(
         model, dataset, config_files, config_dict, cmd_overrides, paper, shared_with
     )
     parallel = data_parallel_settings(config)
     if parallel is None:
-        return run_config(config, saved, resume_file)
+        return run_config(config, saved, resume_file, deadline=deadline)
+    if deadline is not None:
+        raise DataParallelError(
+            "a time limit stops a run at an epoch boundary with its resume state, which a "
+            "data-parallel run (nproc / world_size above 1) does not keep"
+        )
     if resume_file is not None and Path(resume_file).exists():
         raise DataParallelError(
             f"{resume_file} holds a one-process run's resume state; a data-parallel run "
@@ -147,7 +156,7 @@ def resume_run(path, trust_data=False) -> dict:
 
 
 def run_config(
-    config, saved: bool = True, resume_file=None, state=None, checkpoint_file=None
+    config, saved: bool = True, resume_file=None, state=None, checkpoint_file=None, deadline=None
 ) -> dict:
     """``run`` on a built configuration; ``checkpoint_file``: where its checkpoint goes
     (a new name in ``checkpoint_dir`` by default).
@@ -177,7 +186,7 @@ def run_config(
     trainer = trainer_for(config, model)
     trainer.saved_model_file = checkpoint_file or unique_checkpoint_path(config)
     trainer.run_start = start
-    resume_file = keep_resume_state(config, saved, trainer, loaders, resume_file, state)
+    resume_file = keep_resume_state(config, saved, trainer, loaders, resume_file, state, deadline)
 
     try:
         try:
@@ -249,16 +258,26 @@ def log_unused_settings(config, logger) -> None:
         )
 
 
-def keep_resume_state(config, saved, trainer, loaders, resume_file, state):
+def keep_resume_state(config, saved, trainer, loaders, resume_file, state, deadline=None):
     """The run's resume file (``resume``), written before each epoch, and the state it
     continues from, if any: the file it names, or the one beside its checkpoint.  A
-    run that saves nothing, or a data-parallel one, keeps none (``None``)."""
+    run that saves nothing, or a data-parallel one, keeps none (``None``).  With a
+    ``deadline``, each epoch boundary then checks it (``resume.EpochDeadline``)."""
     if saved and not is_data_parallel(config):
         resume_file = Path(resume_file or resume_file_for(trainer.saved_model_file))
         if state is None and resume_file.is_file():
             state = load_resume_state(resume_file)
             check_resume_data(state, config, resume_file)
-        trainer.before_epoch = lambda epoch: save_resume_state(resume_file, trainer, loaders, epoch)
+        check_deadline = EpochDeadline(deadline) if deadline is not None else None
+
+        def before_epoch(epoch: int) -> None:
+            save_resume_state(resume_file, trainer, loaders, epoch)
+            if check_deadline is not None:
+                check_deadline(trainer, epoch)
+
+        trainer.before_epoch = before_epoch
+    elif deadline is not None:
+        raise ValueError("a time limit needs a saved, one-process run (it keeps a resume state)")
     else:
         resume_file = None
     if state is not None:

@@ -14,12 +14,17 @@ so that a resumed run continues exactly where the interrupted one stood: it ends
 same metrics as an uninterrupted run with the same seed.  The file is read back with the
 restricted checkpoint loader (``recbole_freq.checkpoint.loader``), so a resume file runs no code
 either; it is removed when the run finishes.
+
+A run given a *deadline* (``--compare --time_limit``) stops at the first epoch boundary
+from which its next epoch would end after it (``EpochDeadline``), with its resume state
+written: the same command continues it later, on this machine or another.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +106,48 @@ def save_resume_state(path, trainer, loaders, next_epoch: int) -> None:
     }
     plain = to_plain_checkpoint(state)  # read back by torch's weights-only loader
     write_atomic(path, lambda handle: torch.save(plain, handle))
+
+
+class TimeLimitReached(Exception):
+    """A run stopped at an epoch boundary because its next epoch would end after its
+    deadline; ``progress``: epochs done, best validation score so far and its epoch."""
+
+    def __init__(self, message: str, progress: dict):
+        super().__init__(message, progress)
+        self.progress = progress
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class EpochDeadline:
+    """Called at each epoch boundary after the resume state is written: raises
+    ``TimeLimitReached`` when the next epoch, estimated by the last one (training and
+    validation; the first of a segment also counts the data loading), would end after
+    ``deadline`` (seconds since the epoch, ``time.time()``: one clock for every process
+    of the machine)."""
+
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+        self.last_boundary = time.time()
+
+    def __call__(self, trainer, next_epoch: int) -> None:
+        now = time.time()
+        last_epoch_seconds = now - self.last_boundary
+        self.last_boundary = now
+        if now + last_epoch_seconds <= self.deadline:
+            return
+        progress = {
+            "epochs_done": next_epoch,
+            "best_valid_score": float(trainer.best_valid_score),
+            "best_epoch": trainer.best_epoch,
+            "valid_metric": trainer.config["valid_metric"],
+        }
+        raise TimeLimitReached(
+            f"stopped at the time limit before epoch {next_epoch} (its last epoch took "
+            f"{last_epoch_seconds:.0f} s)",
+            progress,
+        )
 
 
 def elapsed_seconds(trainer) -> float | None:

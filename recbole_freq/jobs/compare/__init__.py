@@ -24,6 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from recbole_freq.jobs.compare.execution import (
+    Outcome,
+    RunJob,
+    packing,
+    run_on_ray,
+    run_packed,
+    run_sequential,
+)
+from recbole_freq.jobs.compare.grid import grid_csv_text, grid_markdown
 from recbole_freq.jobs.compare.runs import (
     RESERVED_OVERRIDES,
     ComparisonError,
@@ -32,9 +41,7 @@ from recbole_freq.jobs.compare.runs import (
     load_run,
     lock_out_dir,
     run_file,
-    run_on_ray,
     run_protocol_label,
-    run_sequential,
     run_settings,
     split_entry,
     stored_label_differences,
@@ -247,6 +254,27 @@ class Comparison:
     configs: dict = field(default_factory=dict)
     expected_labels: dict = field(default_factory=dict)
     metrics: list[str] = field(default_factory=list)
+    dataset_sha256: str | None = None  # the prepared data's fingerprint
+
+    @property
+    def jobs(self) -> list[RunJob]:
+        """Every run of this comparison, stored or not."""
+        return [
+            RunJob(
+                self.dataset,
+                entry,
+                seed,
+                self.out,
+                self.settings,
+                tuple(self.config_files),
+                self.overrides,
+                tuple(self.models),
+                tuple(self.paper_models),
+                self.references,
+            )  # fmt: skip
+            for entry in self.entries
+            for seed in self.seeds
+        ]
 
     @property
     def entries(self) -> list[str]:
@@ -261,7 +289,7 @@ class Comparison:
 
 def compare(
     models,
-    dataset: str,
+    dataset,
     seeds=DEFAULT_SEEDS,
     config_files=None,
     overrides: dict | None = None,
@@ -276,65 +304,86 @@ def compare(
     cpus_per_run: float = 1.0,
     gpus_per_run: float = 0.0,
     ray_address: str | None = None,
+    parallel=None,
+    threads_per_run: int | None = None,
+    time_limit: float | None = None,
     log=print,
 ) -> dict:
     """Train ``models`` x ``seeds`` on ``dataset`` (skipping runs already stored in ``out``)
-    and write the comparison tables and plot.
-
-    ``baselines``: the models the "Improv." row compares against; by default the RecBole
-    built-ins among ``models`` (the others, i.e. plugin models, are "proposed").
-    ``protocols``: train and test every model under each of these protocols (one table
-    per protocol, and a side-by-side table of each model under all of them).  Without it
-    every run uses the configured protocol.  Runs of different protocols are never put
-    into one table (``ComparisonError``) unless ``mixed_protocols``.
-    ``paper``: each model that has paper settings for ``dataset`` (``properties/paper/``)
-    gets them, as ``--paper`` does for one run; a denoiser's backbone beside it (SASRec
-    beside RecDenoiser) gets the same settings but the denoiser's own; the others keep
-    their defaults.  Unless a protocol is given, every model runs under the protocol those
-    paper files name.
-    ``correction``: ``holm`` or ``bh``, for the per-user significance tests (paired
-    Wilcoxon and t across users against the best baseline, ``statistics.add_per_user_tests``)
-    beside the across-seed paired t-test.
-    Returns ``rows`` (one dict per model, as in ``comparison.csv``), ``markdown``,
-    ``files``, and the ``trained`` and ``skipped`` (model, seed) pairs.
-
-    The steps: check the request (``checked_request``), validate every configuration
-    (``plan``), train what is not stored (``train_missing``), table the runs
-    (``tabulate``) and write the files (``write_comparison``).
+    and write the comparison tables and plot.  ``dataset``: one, or several (a grid: each
+    in ``<out>/<dataset>/`` with its own tables, the models x datasets table ``grid.md``
+    in ``out``).  ``baselines``: the models of the "Improv." row (default: the RecBole
+    built-ins).  ``protocols``: every model under each (a table each, and one side by
+    side); runs of different protocols share no table unless ``mixed_protocols``.
+    ``paper``: paper settings (``properties/paper/``) for the models that have them for
+    the dataset, the denoisers' backbones sharing their denoiser's, under the protocol
+    they name.  ``correction``: ``holm`` or ``bh`` for the per-user tests.
+    Runs go one after another here, or ``parallel`` at once on this machine with
+    ``threads_per_run`` threads each, or (``use_ray``) as Ray tasks of ``cpus_per_run`` /
+    ``gpus_per_run``; ``time_limit`` (seconds) stops each at an epoch boundary with its
+    resume state, and the same call continues it.
+    Returns ``rows`` (as in ``comparison.csv``), ``markdown``, ``files``, the
+    ``trained``, ``skipped``, ``stopped`` and ``not_started`` runs (``(entry, seed)``;
+    with several datasets ``(dataset, entry, seed)``), and ``complete``.  Steps:
+    ``checked_request``, ``plan``, ``train_missing``, ``_results``.
     """
-    ray_options = dict(address=ray_address, cpus_per_run=cpus_per_run, gpus_per_run=gpus_per_run)
-    comparison = checked_request(
-        Comparison(
-            models, dataset, seeds, config_files, overrides, out, baselines, protocols,
-            mixed_protocols, paper, correction, use_ray, ray_options, log,
-        ),
-        metrics,
-    )  # fmt: skip
-    plan(comparison, metrics)
-    out = comparison.out
-    check_writable(out, "--out")
-    lock = lock_out_dir(out)  # two comparisons into one folder would mix their runs
+    datasets = _parse_list(dataset, "--dataset")
+    execution = _execution(use_ray, parallel, threads_per_run, time_limit, ray_address)
+    execution["ray_options"] = dict(
+        address=ray_address, cpus_per_run=cpus_per_run, gpus_per_run=gpus_per_run
+    )
+    base = Path(out) if out is not None else Path("comparisons") / "+".join(datasets)
+    comparisons = [
+        checked_request(
+            Comparison(
+                models, name, seeds, config_files, overrides,
+                base if len(datasets) == 1 else base / name, baselines, protocols,
+                mixed_protocols, paper, correction, use_ray, execution["ray_options"], log,
+            ),
+            metrics,
+        )
+        for name in datasets
+    ]  # fmt: skip
+    for comparison in comparisons:
+        plan(comparison, metrics, time_limit is not None)
+    if execution["mode"] == "packed":
+        config = next(iter(comparisons[0].configs.values()))
+        execution["runs"], execution["threads"] = packing(
+            parallel, threads_per_run, config["device"].type == "cuda"
+        )
+    locks = []
     try:
-        check_out_dir(out, comparison.settings)
-        trained, skipped = train_missing(comparison)
-        records = {
-            (e, s): load_run(run_file(out, e, s))
-            for e in comparison.entries
-            for s in comparison.seeds
-        }
-        rows, plot_rows, markdown = tabulate(comparison, records)
-        files = write_comparison(comparison, records, rows, plot_rows, markdown)
-        return {
-            "rows": rows,
-            "markdown": markdown,
-            "files": files,
-            "trained": trained,
-            "skipped": skipped,
-            "metrics": comparison.metrics,
-            "baselines": [m for m in comparison.ordered if m in comparison.baselines],
-        }
+        for folder in [base] + [c.out for c in comparisons if c.out != base]:
+            check_writable(folder, "--out")
+            locks.append(lock_out_dir(folder))  # two comparisons into one folder mix runs
+        for c in comparisons:
+            check_out_dir(c.out, c.settings, c.dataset_sha256)
+        outcome, skipped = train_missing(comparisons, execution)
+        return _results(comparisons, base, outcome, skipped)
     finally:
-        lock.release()
+        for lock in locks:
+            lock.release()
+
+
+def _execution(use_ray, parallel, threads_per_run, time_limit, ray_address) -> dict:
+    """How the runs go, checked: ``mode`` (``sequential``, ``packed`` or ``ray``), the
+    runs at once and threads of packed runs, and the time limit's ``deadline``."""
+    import time
+
+    if use_ray and (parallel is not None or threads_per_run is not None):
+        raise ComparisonError(
+            "--parallel and --threads_per_run pack runs onto this machine; with --ray the "
+            "cluster packs them (--cpus_per_run, --gpus_per_run)"
+        )
+    if threads_per_run is not None and parallel is None:
+        raise ComparisonError("--threads_per_run sets the threads of --parallel runs")
+    if time_limit is not None and not time_limit > 0:
+        raise ComparisonError(f"--time_limit {time_limit}: give a positive duration")
+    execution = {
+        "mode": "ray" if use_ray else "sequential" if parallel is None else "packed",
+        "deadline": None if time_limit is None else time.time() + time_limit,
+    }
+    return execution
 
 
 def checked_request(comparison: Comparison, metrics) -> Comparison:
@@ -392,9 +441,10 @@ def checked_request(comparison: Comparison, metrics) -> Comparison:
     return comparison
 
 
-def plan(comparison: Comparison, metrics) -> None:
+def plan(comparison: Comparison, metrics, timed: bool = False) -> None:
     """The paper settings, the run settings stored with the runs, every configuration
-    validated (``runs.validate``) and the metrics of the tables."""
+    validated (``runs.validate``), the data's fingerprint and the metrics of the tables;
+    ``timed``: under a time limit (which data-parallel runs cannot keep)."""
     c = comparison
     if c.paper:
         c.paper_models, c.references = _paper_models(
@@ -420,6 +470,11 @@ def plan(comparison: Comparison, metrics) -> None:
             "--ray runs the comparison's trainings side by side, one process each; nproc "
             "and world_size (data-parallel training) work without --ray"
         )
+    if parallel is not None and timed:
+        raise ComparisonError(
+            "--time_limit stops each run with its resume state, which data-parallel "
+            "training (nproc, world_size) does not keep: give one or the other"
+        )
     if parallel is not None and parallel["world_size"] > parallel["nproc"]:
         raise ComparisonError(
             f"world_size={parallel['world_size']} spans machines; a comparison trains on "
@@ -429,42 +484,108 @@ def plan(comparison: Comparison, metrics) -> None:
     c.metrics = choose_metrics(
         None if metrics is None else _parse_list(metrics, "--metrics"), config
     )
+    from recbole_freq.data.guard import dataset_fingerprint
+
+    c.dataset_sha256 = dataset_fingerprint(config)
 
 
-def train_missing(comparison: Comparison) -> tuple[list, list]:
-    """Train the (entry, seed) runs not yet stored in the output folder; returns the
-    ``trained`` and the ``skipped`` ones.  An interrupt says what is kept."""
-    c, out = comparison, comparison.out
-    entries, seeds = c.entries, c.seeds
-    for line in stored_label_differences(out, entries, seeds, c.expected_labels):
-        c.log(f"note: {line}")
-    jobs = [(e, s) for e in entries for s in seeds if not run_file(out, e, s).is_file()]
-    skipped = [(e, s) for e in entries for s in seeds if (e, s) not in jobs]
+def train_missing(comparisons: list[Comparison], execution: dict) -> tuple[Outcome, list]:
+    """Train the runs of every comparison not yet stored in its output folder, as
+    ``execution`` says; returns the ``Outcome`` and the skipped runs ``(dataset, entry,
+    seed)``.  An interrupt says what is kept."""
+    log = comparisons[0].log
+    jobs, skipped = [], []
+    for c in comparisons:
+        for line in stored_label_differences(c.out, c.entries, c.seeds, c.expected_labels):
+            log(f"note: {line}")
+        for job in c.jobs:
+            if run_file(job.out, job.entry, job.seed).is_file():
+                skipped.append((job.dataset, job.entry, job.seed))
+            else:
+                jobs.append(job)
     if skipped:
-        c.log(f"{len(skipped)} run(s) already stored in {out / 'runs'}: skipped")
+        log(f"{len(skipped)} run(s) already stored: skipped")
+    deadline = execution["deadline"]
     try:
-        if jobs and c.use_ray:
-            trained = run_on_ray(
-                jobs, c.dataset, c.config_files, c.overrides, out, c.settings, c.log,
-                c.ray_options, c.models, c.paper_models, c.references,
-            )  # fmt: skip
-        elif jobs:
-            trained = run_sequential(
-                jobs, c.dataset, c.config_files, c.overrides, out, c.settings, c.log,
-                tuple(c.models), c.paper_models, c.references,
-            )  # fmt: skip
+        if not jobs:
+            outcome = Outcome()
+        elif execution["mode"] == "ray":
+            outcome = run_on_ray(jobs, log, execution["ray_options"], deadline)
+        elif execution["mode"] == "packed":
+            log(f"{len(jobs)} run(s), {execution['runs']} at once, "
+                f"{execution['threads']} thread(s) each")  # fmt: skip
+            outcome = run_packed(jobs, log, execution["runs"], execution["threads"], deadline)
         else:
-            trained = []
+            outcome = run_sequential(jobs, log, deadline)
     except KeyboardInterrupt as interrupt:
         from recbole_freq.utils.signals import RunInterrupted
 
-        stored = sum(run_file(out, e, s).is_file() for e in entries for s in seeds)
-        partial = sorted((out / "partial").glob("*.resume.pth"))
-        kept = f"{stored} of {len(entries) * len(seeds)} runs are stored in {out / 'runs'}"
+        total = sum(len(c.jobs) for c in comparisons)
+        stored = sum(
+            run_file(j.out, j.entry, j.seed).is_file() for c in comparisons for j in c.jobs
+        )
+        folders = ", ".join(str(c.out / "runs") for c in comparisons)
+        partial = [str(j.resume_file) for j in jobs if j.resume_file.is_file()]
+        kept = f"{stored} of {total} runs are stored in {folders}"
         if partial:
-            kept += f"; the unfinished run keeps its completed epochs in {partial[0]}"
+            kept += "; unfinished runs keep their completed epochs in " + ", ".join(partial)
         raise RunInterrupted(kept) from interrupt
-    return trained, skipped
+    if outcome.failed:
+        raise RuntimeError(
+            f"{len(outcome.failed)} run(s) failed (the others are stored):\n"
+            + "\n".join(outcome.failed)
+        )
+    return outcome, skipped
+
+
+def _results(comparisons: list[Comparison], base: Path, outcome: Outcome, skipped) -> dict:
+    """Each dataset's tables once all its runs are stored, the grid's with several
+    datasets (from the runs stored so far), and what became of the runs."""
+    single = len(comparisons) == 1
+    stored = {
+        c.dataset: {
+            (j.entry, j.seed): load_run(run_file(j.out, j.entry, j.seed))
+            for j in c.jobs
+            if run_file(j.out, j.entry, j.seed).is_file()
+        }
+        for c in comparisons
+    }
+    rows, sections, files = [], [], {}
+    for c in comparisons:
+        if len(stored[c.dataset]) < len(c.jobs):
+            continue
+        c_rows, plot_rows, markdown = tabulate(c, stored[c.dataset])
+        written = write_comparison(c, stored[c.dataset], c_rows, plot_rows, markdown)
+        rows += [{**row, "dataset": c.dataset} if not single else row for row in c_rows]
+        sections.append(markdown if single else f"## {c.dataset}\n\n{markdown}")
+        files.update(written if single else {f"{c.dataset} {k}": v for k, v in written.items()})
+    if not single:
+        first = comparisons[0]
+        entries = [entry_name(m, p) for m in first.ordered for p in (first.protocols or [None])]
+        grid = grid_markdown(
+            stored,
+            entries,
+            first.seeds,
+            first.metrics,
+            {c.dataset: str(c.out) for c in comparisons},
+        )
+        files["grid"], files["grid_csv"] = base / "grid.md", base / "grid.csv"
+        write_atomic(files["grid"], grid)
+        write_atomic(files["grid_csv"], grid_csv_text(stored, entries, first.seeds, first.metrics))
+        sections.insert(0, grid)
+    shown = (lambda runs: [(e, s) for _, e, s in runs]) if single else list
+    return {
+        "rows": rows,
+        "markdown": "\n".join(sections),
+        "files": files,
+        "trained": shown(outcome.trained),
+        "skipped": shown(skipped),
+        "stopped": shown(outcome.stopped),
+        "not_started": shown(outcome.not_started),
+        "complete": not (outcome.stopped or outcome.not_started),
+        "metrics": comparisons[0].metrics,
+        "baselines": [m for m in comparisons[0].ordered if m in comparisons[0].baselines],
+    }
 
 
 def tabulate(comparison: Comparison, records: dict) -> tuple[list, list, str]:

@@ -10,8 +10,6 @@ import os
 import time
 from pathlib import Path
 
-from recbole_freq.compat.logs import console_warnings_only
-from recbole_freq.jobs.ray_cluster import check_resources, import_ray, start_or_join
 from recbole_freq.utils.files import plain_value, write_atomic
 from recbole_freq.utils.inputs import read_input_text
 
@@ -27,6 +25,10 @@ DROPPED_SUMMARY_KEYS = ("model_report",)
 DROPPED_MASK_KEYS = ("mask",)
 # Keys the comparison sets itself, per run.
 RESERVED_OVERRIDES = ("model", "dataset", "seed")
+# Where a run reads and writes and how it shows progress, not what decides its numbers:
+# runs stored with other values table together (a grid continued on another machine).
+# The data themselves are compared by their fingerprint (``dataset_sha256``).
+PLACE_OVERRIDES = ("checkpoint_dir", "data_path", "show_progress", "gpu_id")
 
 
 class ComparisonError(ValueError):
@@ -88,7 +90,7 @@ def _settings_difference(stored: dict, wanted: dict) -> list[str]:
     if stored.get("protocols") != wanted.get("protocols"):
         differences.append(f"--protocols {stored.get('protocols')} vs {wanted.get('protocols')}")
     old, new = stored.get("overrides", {}), wanted["overrides"]
-    for key in sorted(set(old) | set(new)):
+    for key in sorted((set(old) | set(new)) - set(PLACE_OVERRIDES)):
         if old.get(key, "<unset>") != new.get(key, "<unset>"):
             differences.append(f"--{key}: {old.get(key, '<unset>')} vs {new.get(key, '<unset>')}")
     return differences
@@ -226,11 +228,18 @@ def lock_out_dir(out: Path) -> OutDirLock:
         ) from None
 
 
-def check_out_dir(out: Path, settings: dict) -> None:
-    """Every run stored in ``out`` must have been made with ``settings``: an output folder
-    holds one comparison, never a silent mix of settings."""
+def check_out_dir(out: Path, settings: dict, dataset_sha256: str | None = None) -> None:
+    """Every run stored in ``out`` must have been made with ``settings`` and on the data
+    whose fingerprint is ``dataset_sha256``: an output folder holds one comparison, never
+    a silent mix of settings."""
     for path in sorted((out / "runs").glob("*.json")):
-        differences = _settings_difference(load_run(path)["settings"], settings)
+        record = load_run(path)
+        differences = _settings_difference(record["settings"], settings)
+        stored_data = record["summary"].get("dataset_sha256")
+        if dataset_sha256 and stored_data and stored_data != dataset_sha256:
+            differences.append(
+                f"the data (fingerprint {stored_data[:12]} then, {dataset_sha256[:12]} now)"
+            )
         if differences:
             raise ComparisonError(
                 f"{out} already holds runs made with other settings ({path.name}: "
@@ -241,7 +250,7 @@ def check_out_dir(out: Path, settings: dict) -> None:
             )
 
 
-def _store_run(out: Path, settings: dict, model: str, seed: int, summary: dict) -> Path:
+def store_run(out: Path, settings: dict, model: str, seed: int, summary: dict) -> Path:
     kept = {key: value for key, value in summary.items() if key not in DROPPED_SUMMARY_KEYS}
     report = summary.get("model_report") or {}
     if report.get("learned_masks"):
@@ -267,45 +276,7 @@ def _store_run(out: Path, settings: dict, model: str, seed: int, summary: dict) 
     return path
 
 
-# ---------------------------------------------------------------------------- training
-
-
-def _train_one(
-    model,
-    dataset,
-    config_files,
-    overrides,
-    seed,
-    workdir=None,
-    models=(),
-    resume_file=None,
-    paper_models=(),
-    references=None,
-) -> dict:
-    """One run of the comparison (also the body of a Ray task); ``models``: all compared
-    models, which share the overrides (a key one of them reads is accepted);
-    ``resume_file``: the run's resume state, continued from if it exists;
-    ``paper_models``: the models that get their paper's settings (``--paper``);
-    ``references``: model -> the paper settings it shares as a denoiser's backbone."""
-    from recbole_freq.quick_start.quick_start import run
-
-    entry = model
-    model = split_entry(entry)[0]
-    overrides = {**overrides, **entry_overrides(entry)}
-    if workdir and os.path.isdir(workdir):
-        # Ray workers of a remote cluster may start elsewhere; relative paths
-        # (data_path, checkpoint_dir, log/) are meant relative to the driver's folder.
-        os.chdir(workdir)
-    with console_warnings_only():  # each run's log file keeps its whole account
-        return run(
-            model,
-            dataset,
-            config_files,
-            cmd_overrides={**(references or {}).get(entry, {}), **overrides, "seed": seed},
-            paper=entry in paper_models,
-            shared_with=entry_models(models),
-            resume_file=resume_file,
-        )
+# ---------------------------------------------------------------------------- checks
 
 
 def validate(
@@ -369,103 +340,3 @@ def stored_label_differences(out: Path, entries, seeds, labels: dict) -> list[st
                     f"{split_entry(entry)[0]} under {labels[entry]} (delete the file to redo it)"
                 )
     return lines
-
-
-def run_sequential(
-    jobs, dataset, config_files, overrides, out, settings, log, models, paper_models=(),
-    references=None,
-):  # fmt: skip
-    trained = []
-    for index, (model, seed) in enumerate(jobs, 1):
-        log(f"[{index}/{len(jobs)}] training {model} seed {seed} ...")
-        summary = _train_one(
-            model,
-            dataset,
-            config_files,
-            overrides,
-            seed,
-            models=tuple(models),
-            resume_file=partial_file(out, model, seed),
-            paper_models=tuple(paper_models),
-            references=references,
-        )
-        _store_run(out, settings, model, seed, summary)
-        trained.append((model, seed))
-        log(f"[{index}/{len(jobs)}] {model} seed {seed} done: {_headline(summary)}")
-    return trained
-
-
-def run_on_ray(
-    jobs, dataset, config_files, overrides, out, settings, log, ray_options, models,
-    paper_models=(), references=None,
-):  # fmt: skip
-    ray = import_ray("--ray", "ray[default]", ComparisonError)
-    started_here = start_or_join(ray, ray_options.get("address"), error=ComparisonError)
-    try:
-        _check_ray_resources(ray.cluster_resources(), ray_options, started_here, log)
-    except ComparisonError:
-        if started_here:
-            ray.shutdown()
-        raise
-    remote = ray.remote(_train_one).options(
-        num_cpus=ray_options.get("cpus_per_run", 1.0),
-        num_gpus=ray_options.get("gpus_per_run", 0.0),
-        max_retries=0,
-    )
-    workdir = os.getcwd()
-    pending = {
-        remote.remote(
-            model,
-            dataset,
-            config_files,
-            overrides,
-            seed,
-            workdir,
-            tuple(models),
-            str(partial_file(out, model, seed).resolve()),
-            tuple(paper_models),
-            references,
-        ): (model, seed)
-        for model, seed in jobs
-    }
-    log(f"submitted {len(pending)} runs to Ray")
-    trained, failures = [], []
-    try:
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            model, seed = pending.pop(done[0])
-            try:
-                summary = ray.get(done[0])
-            except Exception as error:  # reported below; the other runs go on
-                failures.append(f"{model} seed {seed}: {error}")
-                log(f"{model} seed {seed} FAILED: {error}")
-                continue
-            # Stored as each run finishes, so an interrupted comparison keeps them.
-            _store_run(out, settings, model, seed, summary)
-            trained.append((model, seed))
-            log(f"[{len(trained)}/{len(jobs)}] {model} seed {seed} done: {_headline(summary)}")
-    finally:
-        for ref in pending:
-            ray.cancel(ref, force=True)
-        if started_here:
-            ray.shutdown()
-    if failures:
-        raise RuntimeError(f"{len(failures)} Ray run(s) failed:\n" + "\n".join(failures))
-    return trained
-
-
-def _check_ray_resources(resources: dict, ray_options: dict, started_here: bool, log) -> None:
-    """A run asking for more than the cluster has waits forever: refused on a local
-    instance, a warning on a cluster (``ray_cluster.check_resources``)."""
-    wanted = {
-        "CPU": (ray_options.get("cpus_per_run", 0.0), "cpus_per_run"),
-        "GPU": (ray_options.get("gpus_per_run", 0.0), "gpus_per_run"),
-    }
-    local = not (ray_options.get("address") or os.environ.get("RAY_ADDRESS"))
-    check_resources(resources, wanted, started_here, local, log, error=ComparisonError)
-
-
-def _headline(summary: dict) -> str:
-    test = summary["test_result"]
-    shown = ", ".join(f"{m} {test[m]:.4f}" for m in ("hit@10", "ndcg@10") if m in test)
-    return f"test {shown or test}; {summary['epochs_run']} epochs"
