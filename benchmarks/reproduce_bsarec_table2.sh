@@ -1,20 +1,13 @@
 #!/usr/bin/env bash
-# BSARec Table 2 columns BSARec and SASRec under the BSARec authors' protocol
-# (--paper: Table 6 settings for BSARec, RecBole's SASRec defaults, which are the
-# authors' SASRec defaults; protocol bsarec), trained to early stopping, seeds 42 (the
-# authors') then 43 and 44. Resumable: run the same command again after an interruption
-# (stored runs are skipped, an unfinished one continues from its last epoch).
-#
-#   benchmarks/reproduce_bsarec_table2.sh <dataset> <data folder> <out folder>
-#   e.g. OMP_NUM_THREADS=1 benchmarks/reproduce_bsarec_table2.sh lastfm /tmp/data /tmp/repro
+# BSARec Table 2 on the five datasets we have (ML-1M is not available here): BSARec and
+# the baselines with paper settings (--paper: properties/paper/<model>/<dataset>.yaml,
+# the authors' losses; protocol bsarec), seeds 42, 43, 44, packed onto this machine;
+# resumable (the same command continues; with TIME_LIMIT, e.g. 4h, every run stops at an
+# epoch boundary before it, exit code 3). Its models x datasets table: OUT/grid.md.
+#   benchmarks/reproduce_bsarec_table2.sh DATA_PATH OUT_DIR [TIME_LIMIT] [--key=value ...]
+# DATA_PATH holds the datasets prepared from ../shared/data/s3rec (README, "Reproducing
+# the papers' tables"); MODELS (default BSARec,SASRec) and SEEDS override the grid.
 set -euo pipefail
-dataset=${1:?dataset}
-data=${2:?data folder holding <dataset>/}
-out=${3:?output folder}
 here=$(cd "$(dirname "$0")/.." && pwd)
-python=${PYTHON:-$here/.venv/bin/python}
-for seeds in 42 42,43,44; do
-    "$python" "$here/run_recbole_freq.py" --compare BSARec,SASRec --dataset="$dataset" --paper \
-        --seeds "$seeds" --out "$out/$dataset" --data_path="$data" \
-        --checkpoint_dir="$out/saved" --show_progress=False
-done
+data=${1:?DATA_PATH}; out=${2:?OUT_DIR}; limit=${3:-}; shift $(( $# < 3 ? $# : 3 ))
+exec "${PYTHON:-$here/.venv/bin/python}" "$here/run_recbole_freq.py" --compare "${MODELS:-BSARec,SASRec}" --dataset=lastfm,amazon-beauty,amazon-sports-outdoors,amazon-toys-games,yelp --paper --seeds "${SEEDS:-42,43,44}" --parallel auto --out "$out" --data_path="$data" --checkpoint_dir="$out/saved" ${limit:+--time_limit "$limit"} "$@"
