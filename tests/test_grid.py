@@ -157,6 +157,18 @@ def test_grid_puts_the_papers_figures_and_our_difference_under_each_model():
     assert "| BSARec, paper | 0.0526 |  |" in table
     assert f"| ours vs paper | {(0.052 - 0.0526) / 0.0526:+.1%} |  |" in table
     assert "| BSARec, authors' code here | 0.0507 |  |" in table
+    # a named variant gets its own row and figures (BSARec Table 7); a model trained with
+    # another loss than the paper's row gets none
+    stored["lastfm"][("BSARec@variant=only-self-attention", 1)] = _record(
+        "bsarec", {"hit@20": 0.09}
+    )
+    stored["lastfm"][("SASRec@train_loss=model", 1)] = _record("bsarec", {"hit@20": 0.10})
+    entries = ["SASRec@train_loss=model", "BSARec@variant=only-self-attention"]
+    table = grid_markdown(stored, entries, [1], ["hit@20"], {"lastfm": "a", "other": "b"})
+    assert "| BSARec [only-self-attention] | 0.0900 | not run yet |" in table
+    assert "| BSARec [only-self-attention], paper, Table 7 | 0.0899 |  |" in table
+    assert "| SASRec@train_loss=model | 0.1000 | not run yet |" in table
+    assert "SASRec@train_loss=model, paper" not in table
     rows = list(csv.DictReader(grid_csv_text(stored, ["BSARec"], [1, 2], ["ndcg@20"]).splitlines()))
     paper = next(r for r in rows if r["dataset"] == "lastfm" and r["source"] == "paper")
     assert float(paper["figure"]) == 0.0526 and paper["seeds"] == "2"

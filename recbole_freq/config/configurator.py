@@ -81,8 +81,11 @@ def get_model_class(name):
     )
 
 
-def property_files(model_name: str, dataset: str | None, paper: bool = False) -> list[str]:
-    """Plugin property files that apply to this model and dataset, lowest priority first."""
+def property_files(
+    model_name: str, dataset: str | None, paper: bool = False, variant: str | None = None
+) -> list[str]:
+    """Plugin property files that apply to this model and dataset, lowest priority first;
+    ``variant``: a named row of a paper's table (``variant_file``), after the paper file."""
     root = properties_dir()
     candidates = [root / "overall.yaml", root / "model" / f"{model_name}.yaml"]
     if dataset:
@@ -96,7 +99,28 @@ def property_files(model_name: str, dataset: str | None, paper: bool = False) ->
                 f"{', '.join(available) or 'none'}"
             )
         files.append(str(paper_file(model_name, dataset)))
+    if variant is not None:
+        files.append(str(variant_file(model_name, variant)))
     return files
+
+
+def model_variants(model_name: str) -> list[str]:
+    """The named variants of a model (``properties/variant/<Model>/<name>.yaml``)."""
+    folder = properties_dir() / "variant" / model_name
+    return sorted(path.stem for path in folder.glob("*.yaml"))
+
+
+def variant_file(model_name: str, variant) -> Path:
+    """The settings of ``variant`` of ``model_name``: a row of a paper's ablation table
+    (BSARec's "only A"), a fusion variant (FBSARec's thesis tables); ``ValueError``
+    naming the model's variants when there is no such file."""
+    known = model_variants(model_name)
+    if not isinstance(variant, str) or variant not in known:
+        raise ValueError(
+            f"variant {variant!r} of {model_name} is not one of its named variants "
+            f"(properties/variant/{model_name}/): {', '.join(known) or 'it has none'}"
+        )
+    return properties_dir() / "variant" / model_name / f"{variant}.yaml"
 
 
 def paper_file(model_name: str, dataset: str | None) -> Path | None:
@@ -135,18 +159,23 @@ def paper_reference_settings(denoiser: str, dataset: str) -> dict:
     return {key: value for key, value in settings.items() if key not in DENOISER_ONLY_SETTINGS}
 
 
-def chosen_protocol(files, config_dict, cmd_overrides) -> str:
-    """The protocol a configuration asks for, with the configuration's own priority: the
-    command line, then ``config_dict``, then the last file that names one (user files
-    after the paper file, after the model and dataset files, after ``overall.yaml``)."""
+def chosen_setting(key: str, files, config_dict, cmd_overrides):
+    """The value of ``key`` with the configuration's own priority (the command line,
+    ``config_dict``, then the last of ``files`` that sets it), or ``None``."""
     for source in (cmd_overrides, config_dict):
-        if source.get("protocol") is not None:
-            return source["protocol"]
+        if source.get(key) is not None:
+            return source[key]
     for path in reversed(files):
-        value = read_config_file(path).get("protocol")
+        value = read_config_file(path).get(key)
         if value is not None:
             return value
-    return DEFAULT_PROTOCOL
+    return None
+
+
+def chosen_protocol(files, config_dict, cmd_overrides) -> str:
+    """The protocol a configuration asks for (``chosen_setting``: user files after the
+    paper file, after the model and dataset files, after ``overall.yaml``)."""
+    return chosen_setting("protocol", files, config_dict, cmd_overrides) or DEFAULT_PROTOCOL
 
 
 def check_api_arguments(model, dataset, config_files, config_dict, cmd_overrides) -> None:
@@ -252,9 +281,10 @@ class FreqConfig(Config):
         check_name_component(dataset, "dataset name")
         self._shared_with = tuple(get_model_class(name) for name in shared_with)
         model_class = get_model_class(model)
-        files = property_files(model_class.__name__, dataset, paper)
         user_files = [str(find_config_file(path)) for path in config_file_list or []]
         given_dict = dict(config_dict or {})
+        variant = chosen_setting("variant", user_files, given_dict, self._cmd_overrides)
+        files = property_files(model_class.__name__, dataset, paper, variant)
         protocol = chosen_protocol(files + user_files, given_dict, self._cmd_overrides)
         files.insert(1, protocol_file(protocol))
         self._property_file_count = len(files)

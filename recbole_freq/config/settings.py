@@ -81,7 +81,7 @@ def _property_files() -> tuple[tuple[Path, str], ...]:
         relative = path.relative_to(plugin_props).parts
         if relative[0] == "model":
             files.append((path, path.stem))
-        elif relative[0] == "paper" and len(relative) == 3:
+        elif relative[0] in ("paper", "variant") and len(relative) == 3:
             files.append((path, relative[1]))
         else:
             files.append((path, "common"))

@@ -37,6 +37,7 @@ from recbole_freq.jobs.compare.runs import (
     RESERVED_OVERRIDES,
     ComparisonError,
     check_out_dir,
+    entry_label,
     entry_name,
     load_run,
     lock_out_dir,
@@ -184,20 +185,30 @@ def loss_variant_gains(records, group, baselines, seeds, metrics, correction) ->
 def check_loss_variant(entry: str, protocols) -> None:
     """``Model@train_loss=<choice>``: the model once more with another loss (e.g. beside
     ``--paper``'s SASRec with BCE, ``SASRec@train_loss=model`` with its own CE), each row
-    of the table naming its loss; ``ComparisonError`` for another piece, an unknown
-    choice, or with ``--protocols`` (whose entries are ``Model@protocol``)."""
+    of the table naming its loss; ``Model@variant=<name>``: a named row of a paper's
+    table (``properties/variant/<Model>/``), the table naming it ``Model [name]``.
+    ``ComparisonError`` for another piece, an unknown choice or variant, or a loss
+    variant with ``--protocols`` (whose entries are ``Model@protocol``)."""
+    from recbole_freq.config.configurator import variant_file
     from recbole_freq.protocol.pieces import MODEL_PIECES, PIECES
 
-    variant = split_entry(entry)[1]
+    model, variant = split_entry(entry)
     if variant is None or "=" not in variant:
         return
     piece, _, value = variant.partition("=")
+    if piece == "variant":
+        try:
+            variant_file(model, value)
+        except ValueError as error:
+            raise ComparisonError(f"--compare entry {entry!r}: {error}") from None
+        return
     if piece not in MODEL_PIECES or value not in PIECES[piece]:
         choices = ", ".join(
             f"{piece}={choice}" for piece in MODEL_PIECES for choice in PIECES[piece]
         )
         raise ComparisonError(
-            f"--compare entry {entry!r}: after '@' name a protocol or one of {choices}"
+            f"--compare entry {entry!r}: after '@' name a protocol, variant=<name> or one "
+            f"of {choices}"
         )
     if protocols is not None:
         raise ComparisonError(
@@ -604,7 +615,7 @@ def tabulate(comparison: Comparison, records: dict) -> tuple[list, list, str]:
         for row in group_rows:
             plot_rows.append(dict(row))  # named by entry: a model under each protocol
             row["protocol"] = labels[row["model"]]
-            row["model"] = split_entry(row["model"])[0]
+            row["model"] = entry_label(row["model"])
         rows += group_rows
         note = protocol_note(c.configs[protocol], sorted(set(labels.values())))
         note += builtin_settings_note(records, group, c.seeds)

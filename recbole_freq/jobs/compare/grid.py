@@ -10,8 +10,16 @@ import csv
 import io
 import statistics
 
-from recbole_freq.jobs.compare.runs import run_protocol_label, split_entry
+from recbole_freq.jobs.compare.runs import entry_label, run_protocol_label, split_entry
 from recbole_freq.jobs.compare.tables import published_figures
+
+
+def grid_label(entry: str) -> str:
+    """A grid row's name and the key of its published figures: ``entry_label``, except
+    that another loss or protocol keeps its whole entry (``SASRec@train_loss=model``),
+    so that no figure of the paper's row is set beside a row not trained as it was."""
+    label = entry_label(entry)
+    return entry if split_entry(entry)[1] and label == split_entry(entry)[0] else label
 
 
 def grid_cells(stored: dict, entries, seeds, metrics) -> dict:
@@ -53,7 +61,7 @@ def _cell(values: list, seeds) -> str:
 
 def _figure_rows(entry, datasets, cells, figures, metric) -> list[str]:
     """Under a model's row: each source's figure per dataset, and our difference."""
-    model = split_entry(entry)[0]
+    model = grid_label(entry)
     names = dict.fromkeys(
         figure["name"]
         for dataset in datasets
@@ -99,7 +107,7 @@ def grid_markdown(stored: dict, entries, seeds, metrics, out_names: dict) -> str
         ]
         for entry in entries:
             row = [_cell(cells[(d, entry, metric)], seeds) for d in datasets]
-            lines.append(f"| {entry} | " + " | ".join(row) + " |")
+            lines.append(f"| {grid_label(entry)} | " + " | ".join(row) + " |")
             lines += _figure_rows(entry, datasets, cells, figures, metric)
         blocks.append("\n".join(lines))
     protocols = "; ".join(
@@ -129,10 +137,10 @@ def grid_csv_text(stored: dict, entries, seeds, metrics) -> str:
     for (dataset, entry, metric), values in cells.items():
         mean = statistics.fmean(values) if values else None
         std = statistics.stdev(values) if len(values) > 1 else None
-        base = [entry, dataset, metric, mean, std, len(values)]
+        base = [grid_label(entry), dataset, metric, mean, std, len(values)]
         writer.writerow(base + ["", "", ""])
         for figure in figures[dataset]:
-            value = figure["rows"].get(split_entry(entry)[0], {}).get(metric)
+            value = figure["rows"].get(grid_label(entry), {}).get(metric)
             if value is not None:
                 difference = (mean - value) / value if mean is not None and value else None
                 writer.writerow(base + [figure["name"], value, difference])

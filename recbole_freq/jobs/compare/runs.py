@@ -109,6 +109,17 @@ def split_entry(entry: str) -> tuple[str, str | None]:
     return model, protocol or None
 
 
+def entry_label(entry: str) -> str:
+    """How a table names an entry, and the key of its published figures: the model, or
+    ``Model [variant]`` for a named variant (``Model@variant=only-self-attention``);
+    another loss or protocol keeps the model's name (the row's loss or protocol column
+    tells them apart)."""
+    model, variant = split_entry(entry)
+    if variant and variant.startswith("variant="):
+        return f"{model} [{variant.partition('=')[2]}]"
+    return model
+
+
 def entry_overrides(entry: str) -> dict:
     """What an entry adds to the comparison's settings: ``Model@protocol`` its protocol,
     ``Model@train_loss=model`` a model piece (the same model trained with another loss,
