@@ -104,6 +104,20 @@ def first_batch(loader):
 TRANSFORMER_ONLY = ("inner_size", "n_heads", "n_layers")
 
 
+def small_overrides(root, tmp_path, **extra) -> dict:
+    """One short epoch on the small paper-named data in ``root`` (datasets named as the
+    papers' so that their paper files apply), files under ``tmp_path``."""
+    return dict(
+        data_path=str(root),
+        checkpoint_dir=str(tmp_path / "saved"),
+        show_progress=False,
+        state="WARNING",
+        epochs=1,
+        MAX_ITEM_LIST_LENGTH=10,
+        **extra,
+    )
+
+
 def without_transformer_settings(config: dict) -> dict:
     """``config`` for a model without Transformer layers (GRU4Rec, STAMP ...)."""
     return {key: value for key, value in config.items() if key not in TRANSFORMER_ONLY}

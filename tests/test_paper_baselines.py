@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import write_sequences
+from conftest import small_overrides, write_sequences
 from dataset_prep import convert_one_line
 from recbole_freq.config.configurator import FreqConfig
 from recbole_freq.protocol import protocol_label, row_negatives, trainer_for
@@ -52,19 +52,6 @@ def _deterministic_algorithms_off_afterwards():
     # expect torch's default.
     yield
     torch.use_deterministic_algorithms(False)
-
-
-def small_overrides(root, tmp_path, **extra) -> dict:
-    """One epoch on the small lastfm-named data, files under ``tmp_path``."""
-    return dict(
-        data_path=str(root),
-        checkpoint_dir=str(tmp_path / "saved"),
-        show_progress=False,
-        state="WARNING",
-        epochs=1,
-        MAX_ITEM_LIST_LENGTH=10,
-        **extra,
-    )
 
 
 def paper_run(model, root, tmp_path, **overrides):
@@ -279,5 +266,7 @@ def test_both_losses_of_a_baseline_are_two_rows_and_two_gains(lastfm_like, tmp_p
 def test_an_unknown_loss_variant_is_refused_before_training(lastfm_like, tmp_path, entry):
     from recbole_freq.jobs.compare import ComparisonError, compare
 
-    with pytest.raises(ComparisonError, match="after '@' name a protocol or one of"):
+    with pytest.raises(
+        ComparisonError, match="after '@' name a protocol, variant=<name> or one of"
+    ):
         compare(f"BSARec,{entry}", "lastfm", seeds="1", out=tmp_path / "cmp", log=print)

@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import write_sequences
+from conftest import small_overrides, write_sequences
 from dataset_prep import convert_one_line
 from recbole_freq.cli import main
 from recbole_freq.config.configurator import FreqConfig, model_variants
@@ -55,18 +55,6 @@ def _deterministic_algorithms_off_afterwards():
     torch.use_deterministic_algorithms(False)
 
 
-def small(root, tmp_path, **extra) -> dict:
-    return dict(
-        data_path=str(root),
-        checkpoint_dir=str(tmp_path / "saved"),
-        show_progress=False,
-        state="WARNING",
-        epochs=1,
-        MAX_ITEM_LIST_LENGTH=10,
-        **extra,
-    )
-
-
 def test_the_expected_files_exist():
     assert {m for m, _ in PAPER_FILES} == {"PolyRec", "FBSARec"}
     assert {d for m, d in PAPER_FILES if m == "PolyRec"} == {
@@ -110,13 +98,16 @@ def test_variant_sets_its_settings_over_the_paper_files(model, variant):
 
 def test_tiny_runs_with_the_paper_files_and_a_variant(paper_named_data, tmp_path):
     polyrec = run(
-        "PolyRec", "amazon-beauty", cmd_overrides=small(paper_named_data, tmp_path), paper=True
+        "PolyRec",
+        "amazon-beauty",
+        cmd_overrides=small_overrides(paper_named_data, tmp_path),
+        paper=True,
     )
     assert polyrec["protocol"]["label"] == "recbole" and polyrec["test_result"]["hit@10"] >= 0
     fused = run(
         "FBSARec",
         "lastfm",
-        cmd_overrides=small(paper_named_data, tmp_path, variant="fusion-sa-ib"),
+        cmd_overrides=small_overrides(paper_named_data, tmp_path, variant="fusion-sa-ib"),
         paper=True,
     )
     assert fused["config"]["fusion_branches"] == ["sa", "ib"]
@@ -125,7 +116,7 @@ def test_tiny_runs_with_the_paper_files_and_a_variant(paper_named_data, tmp_path
 
 
 def test_unknown_variant_is_one_clear_line(paper_named_data, tmp_path, capsys):
-    args = [f"--{k}={v}" for k, v in small(paper_named_data, tmp_path).items()]
+    args = [f"--{k}={v}" for k, v in small_overrides(paper_named_data, tmp_path).items()]
     assert main(["--model=BSARec", "--dataset=lastfm", "--paper", "--variant=only-a", *args]) == 2
     err = capsys.readouterr().err
     assert "variant 'only-a' of BSARec is not one of its named variants" in err
@@ -135,7 +126,7 @@ def test_unknown_variant_is_one_clear_line(paper_named_data, tmp_path, capsys):
             "BSARec,SASRec@variant=x",
             "lastfm",
             seeds="1",
-            overrides=small(paper_named_data, tmp_path),
+            overrides=small_overrides(paper_named_data, tmp_path),
         )
 
 
@@ -147,7 +138,7 @@ def test_ablation_rows_are_named_and_set_beside_table_7(paper_named_data, tmp_pa
         entries,
         "lastfm",
         seeds="1",
-        overrides=small(paper_named_data, tmp_path),
+        overrides=small_overrides(paper_named_data, tmp_path),
         out=tmp_path / "table7",
         paper=True,
         baselines="BSARec",
