@@ -152,8 +152,23 @@ def _finished_line(summary: dict) -> str:
 
 
 def _start_line(job: RunJob, running: int, waiting: int) -> str:
-    resumes = " (continues from its resume state)" if job.resume_file.is_file() else ""
-    return f"start    {job.name}{resumes} [{running} running, {waiting} waiting]"
+    return f"start    {job.name}{_resumes_at(job)} [{running} running, {waiting} waiting]"
+
+
+def _resumes_at(job: RunJob) -> str:
+    """Where a run continues from its resume state: the epoch and the best so far."""
+    if not job.resume_file.is_file():
+        return ""
+    from recbole_freq.quick_start.resume import load_resume_state
+
+    try:
+        state = load_resume_state(job.resume_file)
+    except Exception:  # the run itself reports a resume state it cannot use
+        return " (continues from its resume state)"
+    best = state.get("best_valid_score")
+    epochs = [e["epoch"] for e in state.get("history") or [] if e.get("valid_score") == best]
+    so_far = f", best valid {best:.4f} at epoch {epochs[0]}" if epochs else ""
+    return f" (continues at epoch {state['next_epoch']}{so_far})"
 
 
 # ---------------------------------------------------------------------------- paths
