@@ -339,7 +339,7 @@ def compare(
     ``checked_request``, ``plan``, ``train_missing``, ``_results``.
     """
     datasets = _parse_list(dataset, "--dataset")
-    execution = _execution(use_ray, parallel, threads_per_run, time_limit, ray_address)
+    execution = _execution(use_ray, parallel, threads_per_run, time_limit)
     execution["ray_options"] = dict(
         address=ray_address, cpus_per_run=cpus_per_run, gpus_per_run=gpus_per_run
     )
@@ -376,9 +376,10 @@ def compare(
             lock.release()
 
 
-def _execution(use_ray, parallel, threads_per_run, time_limit, ray_address) -> dict:
-    """How the runs go, checked: ``mode`` (``sequential``, ``packed`` or ``ray``), the
-    runs at once and threads of packed runs, and the time limit's ``deadline``."""
+def _execution(use_ray, parallel, threads_per_run, time_limit) -> dict:
+    """How the runs go, checked: ``mode`` (``sequential``, ``packed`` or ``ray``) and the
+    time limit's ``deadline`` (packed runs' count and threads follow once the device is
+    known: ``execution.packing``)."""
     import time
 
     if use_ray and (parallel is not None or threads_per_run is not None):
@@ -390,11 +391,10 @@ def _execution(use_ray, parallel, threads_per_run, time_limit, ray_address) -> d
         raise ComparisonError("--threads_per_run sets the threads of --parallel runs")
     if time_limit is not None and not time_limit > 0:
         raise ComparisonError(f"--time_limit {time_limit}: give a positive duration")
-    execution = {
+    return {
         "mode": "ray" if use_ray else "sequential" if parallel is None else "packed",
         "deadline": None if time_limit is None else time.time() + time_limit,
     }
-    return execution
 
 
 def checked_request(comparison: Comparison, metrics) -> Comparison:
