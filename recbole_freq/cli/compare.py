@@ -32,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="models, comma-separated; Model@train_loss=model|bce|bpr adds that model once "
         "more with another loss (e.g. SASRec,SASRec@train_loss=model,BSARec --paper: "
-        "SASRec with the paper's BCE and with its own CE, BSARec's gain over each)",
+        "SASRec with the paper's BCE and with its own CE, BSARec's gain over each); "
+        "Model@variant=NAME a named row of a paper's table (properties/variant/<Model>/, e.g. "
+        "BSARec@variant=only-self-attention)",
     )
     parser.add_argument(
         "--dataset",
