@@ -7,8 +7,10 @@ metric of every run is the same (packing must not change a number).
         --out benchmarks/results
 
 A dataset not under ``--data_path`` is taken from RecBole's wheel when it ships it
-(ml-100k).  Both grids write into a temporary folder; the result is
-``<out>/grid-packing-cpu.{md,json}``.
+(ml-100k).  Every grid writes into a temporary folder; the result is
+``<out>/grid-packing-<device>.{md,json}``.  On a GPU (``--device cuda --packings
+1,4,auto``) the table gives the runs per hour one GPU delivers with 1, 4 and as many runs
+as the cores hold sharing it.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ def timed_grid(args, data: Path, out: Path, **execution) -> tuple[float, dict]:
         "epochs": args.epochs,
         "show_progress": False,
     }
+    if args.device:
+        overrides["device"] = args.device
     if "parallel" not in execution:
         overrides["torch_threads"] = 1  # what each packed run gets
     start = time.perf_counter()
@@ -62,8 +66,10 @@ def timed_grid(args, data: Path, out: Path, **execution) -> tuple[float, dict]:
     import json
 
     runs = {}
-    for dataset in args.datasets.split(","):
-        for path in sorted((out / dataset / "runs").glob("*.json")):
+    datasets = args.datasets.split(",")
+    for dataset in datasets:
+        folder = out / dataset if len(datasets) > 1 else out  # one dataset: no grid folder
+        for path in sorted((folder / "runs").glob("*.json")):
             summary = json.loads(path.read_text())["summary"]
             runs[f"{dataset}/{path.stem}"] = summary["test_result"]
     return seconds, runs
@@ -76,43 +82,55 @@ def main(argv=None) -> None:
     parser.add_argument("--models", default="SASRec,BSARec")
     parser.add_argument("--seeds", default="1,2")
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--parallel", default="auto")
+    parser.add_argument(
+        "--packings",
+        default="auto",
+        help="runs at once to time against one after another, comma-separated (auto: as "
+        "many as the cores hold), e.g. 1,4,auto on a GPU",
+    )
+    parser.add_argument("--device", default=None, help="e.g. cuda: the packed runs share it")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
     from common import write_results
 
+    packings = [item.strip() for item in args.packings.split(",") if item.strip()]
+    timings = {}
     with tempfile.TemporaryDirectory() as temp:
         data = data_folder(args.data_path, args.datasets.split(","), Path(temp) / "data")
-        one_by_one, runs_in_order = timed_grid(args, data, Path(temp) / "in-order")
-        packed, runs_packed = timed_grid(
-            args, data, Path(temp) / "packed", parallel=args.parallel, threads_per_run=1
-        )
-    differing = sorted(k for k in runs_in_order if runs_in_order[k] != runs_packed.get(k))
+        timings["one after another, one process"] = timed_grid(args, data, Path(temp) / "seq")
+        for runs in packings:
+            timings[f"packed, --parallel {runs} --threads_per_run 1"] = timed_grid(
+                args, data, Path(temp) / f"packed-{runs}", parallel=runs, threads_per_run=1
+            )
+    write_results(args.out, f"grid-packing-{args.device or 'cpu'}", *report(args, timings))
+
+
+def report(args, timings: dict) -> tuple[str, dict]:
+    """Markdown and JSON of the timings: wall seconds, ratio to one after another, runs
+    per hour, and the runs whose metrics differ from one after another."""
+    reference, runs_first = next(iter(timings.values()))
     cores = len(os.sched_getaffinity(0))
-    data = {
-        "grid": {k: getattr(args, k) for k in ("models", "datasets", "seeds", "epochs")},
-        "runs": len(runs_in_order),
-        "cores": cores,
-        "parallel": args.parallel,
-        "seconds_one_after_another": one_by_one,
-        "seconds_packed": packed,
-        "speed_up": one_by_one / packed,
-        "runs_with_different_metrics": differing,
-    }
+    lines = ["| how | wall seconds | ratio | runs per hour | runs with other metrics |"]
+    lines.append("|---|---|---|---|---|")
+    data = {"grid": {k: getattr(args, k) for k in ("models", "datasets", "seeds", "epochs")}}
+    data.update(device=args.device or "cpu", cores=cores, timings={})
+    for how, (seconds, runs) in timings.items():
+        differing = sorted(k for k in runs_first if runs_first[k] != runs.get(k))
+        per_hour = len(runs) * 3600 / seconds
+        lines.append(
+            f"| {how} | {seconds:.1f} | {seconds / reference:.2f} | {per_hour:.1f} | "
+            f"{len(differing)} of {len(runs)}{' (' + ', '.join(differing) + ')' if differing else ''} |"
+        )
+        data["timings"][how] = {"seconds": seconds, "runs_per_hour": per_hour, "differ": differing}
     markdown = (
-        f"# Packing a grid onto {cores} CPU cores\n\n"
+        f"# Packing a grid onto {args.device or f'{cores} CPU cores'}\n\n"
         f"Grid: {args.models} x {args.datasets} x seeds {args.seeds}, {args.epochs} epochs "
-        f"each, protocol recbole, each model's own loss; one torch thread per run.\n\n"
-        "| how | wall seconds | ratio |\n|---|---|---|\n"
-        f"| one after another, one process | {one_by_one:.1f} | 1.00 |\n"
-        f"| packed, --parallel {args.parallel} --threads_per_run 1 | {packed:.1f} | "
-        f"{packed / one_by_one:.2f} |\n\n"
-        f"Runs whose test metrics differ between the two: {len(differing)} of "
-        f"{len(runs_in_order)}{' (' + ', '.join(differing) + ')' if differing else ''}.\n\n"
-        f"Command: python benchmarks/bench_grid.py {' '.join(sys.argv[1:])}\n"
+        "each, protocol recbole, each model's own loss; one torch thread per run.\n\n"
+        + "\n".join(lines)
+        + f"\n\nCommand: python benchmarks/bench_grid.py {' '.join(sys.argv[1:])}\n"
     )
     print(markdown)
-    write_results(args.out, "grid-packing-cpu", markdown, data)
+    return markdown, data
 
 
 if __name__ == "__main__":
