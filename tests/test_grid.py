@@ -66,18 +66,21 @@ def test_time_limit_stops_runs_and_the_same_command_continues_them_exactly(
     small_config, tmp_path, capsys
 ):
     """Under a time limit the run stops at an epoch boundary with its resume state and
-    so does the one after it, or it waits (exit code 3, the command to continue); the same command
+    the one after it waits (exit code 3, the command to continue); the same command
     without the limit then ends both runs with the metrics of an uninterrupted grid."""
     overrides = overrides_of(small_config, epochs=120, stopping_step=1000)
     grid = ["--compare", "SASRec", "--dataset=tiny", "--seeds", "4,5"]
     args = [*grid, "--out", str(tmp_path / "limited"), *cli_args(overrides)]
     assert main([*args, "--time_limit", "2s"]) == TIME_LIMIT_EXIT
     captured = capsys.readouterr()
-    for seed in (4, 5):
-        assert f"stopped  SASRec on tiny, seed {seed} at the time limit" in captured.out or (
-            f"waiting  SASRec on tiny, seed {seed}: not started, the time limit came first"
-            in captured.out
-        )
+    assert "stopped  SASRec on tiny, seed 4 at the time limit" in captured.out or (
+        "waiting  SASRec on tiny, seed 4: not started, the time limit came first" in captured.out
+    )
+    # once a run has stopped at the limit, the next does not start (its first epoch
+    # would most likely end after the limit too)
+    assert "waiting  SASRec on tiny, seed 5: not started, the time limit came first" in (
+        captured.out
+    )
     assert "Continue with:" in captured.err and "--time_limit" in captured.err
     assert not list((tmp_path / "limited" / "runs").glob("*.json"))
 
@@ -204,3 +207,17 @@ def test_bad_grid_input_is_one_clear_line_before_training(
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "cmp").exists()
+
+
+def test_no_run_starts_once_one_has_stopped_at_the_limit():
+    """A run stops when its next epoch would end after the limit, up to an epoch before
+    it: a run started in that time would train a whole first epoch past the limit."""
+    import time
+
+    from recbole_freq.jobs.compare.execution import Outcome, limit_reached
+
+    later = time.time() + 3600
+    assert not limit_reached(None, Outcome(stopped=[("SASRec", 1)]))
+    assert not limit_reached(later, Outcome(trained=[("SASRec", 1)]))
+    assert limit_reached(later, Outcome(stopped=[("SASRec", 1)]))
+    assert limit_reached(time.time() - 1, Outcome())

@@ -174,11 +174,18 @@ def _resumes_at(job: RunJob) -> str:
 # ---------------------------------------------------------------------------- paths
 
 
+def limit_reached(deadline, outcome: Outcome) -> bool:
+    """Whether a run may no longer start: the limit has passed, or a run has already
+    stopped because its next epoch would end after it (a new run's first epoch, which
+    it trains before any boundary, would most likely end after it too)."""
+    return deadline is not None and (time.time() >= deadline or bool(outcome.stopped))
+
+
 def run_sequential(jobs, log, deadline=None) -> Outcome:
     """One run after another in this process, with its threads."""
     outcome = Outcome()
     for index, job in enumerate(jobs):
-        if deadline is not None and time.time() >= deadline:
+        if limit_reached(deadline, outcome):
             for rest in jobs[index:]:
                 record_result(rest, {"not_started": True}, outcome, log, time.time())
             break
@@ -208,7 +215,7 @@ def run_packed(jobs, log, parallel: int, threads: int, deadline=None) -> Outcome
     try:
         while waiting or running:
             while waiting and len(running) < parallel:
-                if deadline is not None and time.time() >= deadline:
+                if limit_reached(deadline, outcome):
                     for _, job in waiting:
                         record_result(job, {"not_started": True}, outcome, log, time.time())
                     waiting = []
