@@ -291,17 +291,17 @@ def test_ray_mode_runs_the_trials_as_tasks_with_the_same_results(small_config, t
     on_ray = compare(
         "SASRec",
         "tiny,wide",
-        seeds=[3, 4],
+        seeds=[3],
         overrides=overrides,
         out=tmp_path / "ray",
         use_ray=True,
         # One worker process runs the tasks: a single torch/RecBole import keeps it fast.
         cpus_per_run=float(threads),
     )
-    grid = [(dataset, "SASRec", seed) for dataset in ("tiny", "wide") for seed in (3, 4)]
+    grid = [(dataset, "SASRec", 3) for dataset in ("tiny", "wide")]
     assert sorted(on_ray["trained"]) == grid
     compare(
-        "SASRec", "tiny,wide", seeds=[3, 4], overrides=dict(overrides, torch_threads=threads),
+        "SASRec", "tiny,wide", seeds=[3], overrides=dict(overrides, torch_threads=threads),
         out=tmp_path / "local",
     )  # fmt: skip
     for dataset, _, seed in grid:
