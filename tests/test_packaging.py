@@ -2,6 +2,7 @@
 fresh environment with the wheel runs the plugin from outside the repository."""
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -175,3 +176,29 @@ def test_a_fresh_environment_names_the_recbole_command_then_runs_from_outside_th
     # python -m recbole_freq is the same command; its --help names the built-in files.
     helped = run(python, "-m", "recbole_freq", "--help")
     assert helped.returncode == 0 and "protocol/uni100" in helped.stdout
+
+
+def test_a_checkout_that_was_not_installed_finds_its_property_files(tmp_path):
+    """``PYTHONPATH=<checkout>`` without an install (a machine with no package index): the
+    package ``recbole_freq.properties`` does not exist there, so the files are read from
+    the tree's ``properties/``.  ``python -S`` keeps the editable install's finder (a
+    ``.pth`` file) from supplying the package."""
+    checkout = tmp_path / "checkout"
+    for part in ("recbole_freq", "properties"):
+        shutil.copytree(
+            REPO_ROOT / part, checkout / part, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    site_packages = sysconfig.get_paths()["purelib"]
+    probe = (
+        "from recbole_freq.utils.property_files import properties_dir, find_config_file;"
+        "print(properties_dir()); print(find_config_file('protocol/uni100'))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", probe], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(checkout), site_packages])},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [
+        str(checkout / "properties"),
+        str(checkout / "properties" / "protocol" / "uni100.yaml"),
+    ]

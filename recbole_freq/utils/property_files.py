@@ -16,10 +16,20 @@ import yaml
 
 from recbole_freq.utils.command import invoked_command
 
+# A checkout used without installing (``PYTHONPATH=<checkout>``, as on a machine with no
+# package index) has no package ``recbole_freq.properties``: the files are the tree's own.
+_SOURCE_TREE_PROPERTIES = Path(__file__).resolve().parents[2] / "properties"
+
 
 def properties_dir() -> Path:
-    """The installed property files (``properties/`` of the source tree)."""
-    return Path(str(resources.files("recbole_freq.properties")))
+    """The installed property files, or ``properties/`` of the source tree when the
+    package runs from a checkout that was not installed."""
+    try:
+        return Path(str(resources.files("recbole_freq.properties")))
+    except ModuleNotFoundError:
+        if (_SOURCE_TREE_PROPERTIES / "overall.yaml").is_file():
+            return _SOURCE_TREE_PROPERTIES
+        raise
 
 
 def builtin_files(suffix: str = ".yaml") -> list[str]:
