@@ -254,3 +254,42 @@ def test_resume_refuses_data_prepared_again_and_states_without_a_fingerprint(
     assert "records no dataset fingerprint" in capsys.readouterr().err
     assert main(["--resume", str(state_file), "--trust_data"]) == 0
     assert not state_file.exists()
+
+
+def test_a_resumed_run_records_what_decided_each_segment(small_config, monkeypatch):
+    """A run may continue on another machine (a GPU's epochs, then a CPU's): its file
+    keeps every segment's environment, and a state written before those records gives
+    the device and threads of its settings."""
+    from recbole_freq.checkpoint.loader import load_checkpoint
+    from recbole_freq.checkpoint.schema import to_plain_checkpoint
+    from recbole_freq.jobs.compare.execution import _finished_line
+
+    config = dict(small_config, epochs=3, torch_threads=1)
+    interrupt_at_epoch(monkeypatch, 1)
+    with pytest.raises(RunInterrupted):
+        run("SASRec", "tiny", config_dict=config)
+    monkeypatch.undo()
+    (state_file,) = Path(small_config["checkpoint_dir"]).glob("*.resume.pth")
+    state = load_checkpoint(state_file)
+    (first,) = state["environments"]
+    assert first["device"] == "cpu" and first["torch_threads"] == 1
+    # The same state as an earlier version wrote it.
+    del state["environments"]
+    import torch
+
+    torch.save(to_plain_checkpoint(state), state_file)
+    resumed = resume_run(state_file)
+    assert resumed["earlier_segments_environment"] == [
+        {
+            "device": "cpu",
+            "torch_threads": 1,
+            "recorded": "from the resume state's settings; it predates environment records",
+        }
+    ]
+    assert resumed["environment"]["device"] == "cpu" and resumed["segments"] == 2
+    assert "trained on" not in _finished_line(resumed)  # one device throughout
+    # Had the first segment run on a GPU (no GPU here), the progress line says so.
+    resumed["earlier_segments_environment"][0]["device"] = "cuda:0"
+    assert _finished_line(resumed).endswith("; trained on cuda:0, then cpu")
+    uninterrupted = run("SASRec", "tiny", config_dict=config)
+    assert uninterrupted["earlier_segments_environment"] == []

@@ -101,6 +101,12 @@ RESUME_STATE = {
     # Wall time of the run so far and its segment count (absent in earlier versions).
     "elapsed_seconds": (False, _optional(_number)),
     "segments": (False, _integer),
+    # Each segment's environment_record so far, the last one's included (absent in
+    # earlier versions).
+    "environments": (
+        False,
+        lambda value: isinstance(value, list) and all(isinstance(entry, dict) for entry in value),
+    ),
     "rng": (True, lambda value: isinstance(value, dict)),
     "loader_generators": (True, lambda value: isinstance(value, list)),
 }

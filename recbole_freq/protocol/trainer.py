@@ -129,6 +129,9 @@ class FreqTrainer(Trainer):
         self.run_start = time.perf_counter()
         self.earlier_seconds: float | None = 0.0
         self.segments = 1
+        # What decided the numbers of a resumed run's earlier segments (a run may
+        # continue on another machine: a GPU's epochs, then a CPU's).
+        self.earlier_environments: list[dict] = []
         self.current_epoch = 0
         self.before_epoch = None
         self.after_valid = None

@@ -307,6 +307,8 @@ def run_summary(config, model, trainer, start: float, saved: bool, results) -> d
         "seed": config["seed"],
         "device": str(config["device"]),
         "environment": environment_record(config),
+        # A resumed run's earlier segments, each as its resume state recorded it.
+        "earlier_segments_environment": trainer.earlier_environments,
         "valid_metric": config["valid_metric"],
         **results,
         "epochs_run": n_epochs,

@@ -85,6 +85,7 @@ def save_resume_state(path, trainer, loaders, next_epoch: int) -> None:
     """Write the state before epoch ``next_epoch`` (all earlier epochs complete)."""
     from recbole_freq.checkpoint.schema import to_plain_checkpoint
     from recbole_freq.utils.files import write_atomic
+    from recbole_freq.utils.reproducibility import environment_record
 
     best = trainer.best_in_memory
     state = {
@@ -101,6 +102,7 @@ def save_resume_state(path, trainer, loaders, next_epoch: int) -> None:
         "train_seconds": trainer.train_seconds,
         "elapsed_seconds": elapsed_seconds(trainer),
         "segments": trainer.segments,
+        "environments": [*trainer.earlier_environments, environment_record(trainer.config)],
         "rng": _rng_state(),
         "loader_generators": [loader.generator.get_state() for loader in loaders],
     }
@@ -207,11 +209,30 @@ def apply_resume_state(state: dict, trainer, loaders) -> None:
     trainer.train_seconds = state["train_seconds"]
     trainer.earlier_seconds = state.get("elapsed_seconds")
     trainer.segments = int(state.get("segments", 1)) + 1
+    trainer.earlier_environments = list(state.get("environments") or [_settings_only(state)])
     if len(loaders) != len(state["loader_generators"]):
         raise ResumeError("the resume state was written for other data loaders")
     for loader, generator_state in zip(loaders, state["loader_generators"]):
         loader.generator.set_state(generator_state)
     _set_rng_state(state["rng"])
+
+
+def _settings_only(state: dict) -> dict:
+    """The earlier segments' environment as far as a state written before environment
+    records can tell: the device and thread count of its settings."""
+    config = state["config"]
+
+    def setting(key):
+        try:
+            return config[key]
+        except KeyError:
+            return None
+
+    return {
+        "device": str(setting("device")),
+        "torch_threads": setting("torch_threads"),
+        "recorded": "from the resume state's settings; it predates environment records",
+    }
 
 
 def _save_best_so_far(trainer, best_weights: dict, state: dict) -> None:

@@ -122,7 +122,7 @@ def environment_record(config) -> dict:
         device_name = _processor_name()
     return {
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # plain str: resume states hold it (no TorchVersion)
         "recbole": _version("recbole"),
         "numpy": numpy.__version__,
         "recbole_freq": _version("recbole-freq"),

@@ -148,7 +148,15 @@ def _finished_line(summary: dict) -> str:
             "best_valid_score": summary.get("best_valid_score", float("nan")),
         }
     )
-    return f"{summary['epochs_run']} epochs, {best}; test {shown or test}"
+    return f"{summary['epochs_run']} epochs, {best}; test {shown or test}{_devices(summary)}"
+
+
+def _devices(summary: dict) -> str:
+    """``; trained on cuda:0, then cpu`` for a run whose segments ran on other devices."""
+    earlier = [entry.get("device") for entry in summary.get("earlier_segments_environment", [])]
+    devices = [device for device in [*earlier, summary.get("device")] if device]
+    distinct = [d for i, d in enumerate(devices) if i == 0 or d != devices[i - 1]]
+    return f"; trained on {', then '.join(distinct)}" if len(distinct) > 1 else ""
 
 
 def _start_line(job: RunJob, running: int, waiting: int) -> str:
