@@ -256,40 +256,50 @@ def test_resume_refuses_data_prepared_again_and_states_without_a_fingerprint(
     assert not state_file.exists()
 
 
-def test_a_resumed_run_records_what_decided_each_segment(small_config, monkeypatch):
-    """A run may continue on another machine (a GPU's epochs, then a CPU's): its file
-    keeps every segment's environment, and a state written before those records gives
-    the device and threads of its settings."""
+def test_a_run_continued_on_another_machine_records_what_decided_each_segment(
+    small_config, tmp_path, monkeypatch
+):
+    """A grid run may continue on another machine (a GPU's epochs, then a CPU's): the
+    machine's own settings do not block it, and its file keeps every segment's
+    environment; a state written before those records gives its settings' device and
+    threads."""
+    import json
+
+    import torch
+
     from recbole_freq.checkpoint.loader import load_checkpoint
     from recbole_freq.checkpoint.schema import to_plain_checkpoint
     from recbole_freq.jobs.compare.execution import _finished_line
 
-    config = dict(small_config, epochs=3, torch_threads=1)
+    shared = {k: v for k, v in small_config.items() if k != "seed"} | {"epochs": 3}
+    shared["torch_threads"] = 1
+    out = tmp_path / "cmp"
+    args = ["--compare", "SASRec", "--dataset=tiny", "--seeds", "5", "--out", str(out)]
     interrupt_at_epoch(monkeypatch, 1)
-    with pytest.raises(RunInterrupted):
-        run("SASRec", "tiny", config_dict=config)
+    assert main([*args, *cli(shared)]) == 130
     monkeypatch.undo()
-    (state_file,) = Path(small_config["checkpoint_dir"]).glob("*.resume.pth")
+    state_file = out / "partial" / "SASRec-seed5.resume.pth"
     state = load_checkpoint(state_file)
     (first,) = state["environments"]
     assert first["device"] == "cpu" and first["torch_threads"] == 1
-    # The same state as an earlier version wrote it.
+    # The same state as an earlier version wrote it on a machine with a GPU (where
+    # RecBole's use_gpu is True); the run continues here, on a CPU.
     del state["environments"]
-    import torch
-
+    state["config"]["use_gpu"] = True
     torch.save(to_plain_checkpoint(state), state_file)
-    resumed = resume_run(state_file)
-    assert resumed["earlier_segments_environment"] == [
+    assert main([*args, *cli(shared)]) == 0
+    summary = json.loads((out / "runs" / "SASRec-seed5.json").read_text())["summary"]
+    assert summary["earlier_segments_environment"] == [
         {
             "device": "cpu",
             "torch_threads": 1,
             "recorded": "from the resume state's settings; it predates environment records",
         }
     ]
-    assert resumed["environment"]["device"] == "cpu" and resumed["segments"] == 2
-    assert "trained on" not in _finished_line(resumed)  # one device throughout
+    assert summary["environment"]["device"] == "cpu" and summary["segments"] == 2
+    assert "trained on" not in _finished_line(summary)  # one device throughout
     # Had the first segment run on a GPU (no GPU here), the progress line says so.
-    resumed["earlier_segments_environment"][0]["device"] = "cuda:0"
-    assert _finished_line(resumed).endswith("; trained on cuda:0, then cpu")
-    uninterrupted = run("SASRec", "tiny", config_dict=config)
+    summary["earlier_segments_environment"][0]["device"] = "cuda:0"
+    assert _finished_line(summary).endswith("; trained on cuda:0, then cpu")
+    uninterrupted = run("SASRec", "tiny", config_dict=dict(shared, seed=5))
     assert uninterrupted["earlier_segments_environment"] == []

@@ -250,9 +250,10 @@ def _save_best_so_far(trainer, best_weights: dict, state: dict) -> None:
 
 
 def settings_differences(saved_config, config) -> list[str]:
-    """Settings that differ between the interrupted run and this one (device and
-    progress display may change)."""
-    ignored = {"device", "show_progress", "gpu_id", "checkpoint_dir", "data_path"}
+    """Settings that differ between the interrupted run and this one (the machine's own
+    (device, use_gpu, gpu_id), places and progress display may change: a run continues
+    on another machine)."""
+    ignored = {"device", "use_gpu", "show_progress", "gpu_id", "checkpoint_dir", "data_path"}
     old, new = saved_config.final_config_dict, config.final_config_dict
     return [
         f"{key}: {old.get(key)!r} then, {new.get(key)!r} now"
