@@ -21,6 +21,7 @@ from recbole_freq.model.layers import (
     TransformerBlock,
     attention_probabilities,
     build_attention_mask,
+    explicit_in_training,
 )
 
 
@@ -84,6 +85,23 @@ def test_c_out_of_range_is_rejected_with_the_fix(c):
     with pytest.raises(ValueError, match=r"c=.*choose 1 <= c <= 51"):
         FrequencyRescaler(50, c, 8)
     FrequencyRescaler(50, 51, 8)  # keeps all 26 bins: HFC is empty but well defined
+
+
+def test_training_attention_leaves_the_fused_kernel_where_it_would_change_results():
+    """CPU training with dropout (slow fused dropout) and CUDA training under
+    deterministic algorithms (the fused backward adds in a varying order there) compute
+    the attention explicitly; elsewhere the fused kernel runs."""
+    cpu, cuda, meta = torch.device("cpu"), torch.device("cuda"), torch.device("meta")
+    previous = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(False)
+        assert [explicit_in_training(cpu, 0.5), explicit_in_training(cpu, 0.0)] == [True, False]
+        assert not explicit_in_training(cuda, 0.5) and not explicit_in_training(meta, 0.5)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        assert explicit_in_training(cuda, 0.5) and explicit_in_training(cuda, 0.0)
+        assert not explicit_in_training(cpu, 0.0) and not explicit_in_training(meta, 0.5)
+    finally:
+        torch.use_deterministic_algorithms(previous)
 
 
 def test_fused_attention_matches_unfused_softmax_oracle():

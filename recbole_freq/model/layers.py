@@ -247,17 +247,27 @@ def attend(probs, value, relations=None) -> torch.Tensor:
     return output + intervals.view(heads, batch, n, -1).transpose(0, 1)
 
 
+def explicit_in_training(device: torch.device, dropout_p: float) -> bool:
+    """Whether training attention on ``device`` computes ``A`` explicitly rather than
+    with the fused kernel (``SoftmaxAttention``)."""
+    if device.type == "cpu":
+        return dropout_p > 0
+    return device.type == "cuda" and torch.are_deterministic_algorithms_enabled()
+
+
 class SoftmaxAttention(nn.Module):
     """Attention operator ``softmax(Q K^T / sqrt(d)) V`` (BSARec eq. 1, per head).
 
     Dropout acts on the attention probabilities as in RecBole's and the authors'
     implementations.  With ``relations`` it is TiSASRec's time-interval-aware attention
     (eq. 4-5), computed explicitly (``attention_probabilities``, ``attend``).  Inference
-    and non-CPU training use PyTorch's fused
-    ``scaled_dot_product_attention``; CPU training with dropout computes ``A`` explicitly
-    because the fused kernel's CPU fallback draws its dropout mask with the slow
-    ``bernoulli_``.  Both give the same function (tests compare them with an unfused
-    oracle).
+    and GPU training use PyTorch's fused ``scaled_dot_product_attention``, with two
+    exceptions that compute ``A`` explicitly: CPU training with dropout (the fused
+    kernel's CPU fallback draws its dropout mask with the slow ``bernoulli_``) and CUDA
+    training under deterministic algorithms (``deterministic: True``): the fused
+    kernel's backward on CUDA (memory-efficient attention) adds in a varying order, so
+    two runs with one seed would part (torch warns and goes on).  Both paths give the
+    same function (tests compare them with an unfused oracle).
     """
 
     def __init__(self, dropout_prob: float):
@@ -268,7 +278,7 @@ class SoftmaxAttention(nn.Module):
         if relations is not None:
             probs = attention_probabilities(query, key, mask, relations)
             return attend(self.dropout(probs), value, relations)
-        if self.training and self.dropout.p > 0 and query.device.type == "cpu":
+        if self.training and explicit_in_training(query.device, self.dropout.p):
             return torch.matmul(self.dropout(attention_probabilities(query, key, mask)), value)
         return F.scaled_dot_product_attention(
             query,
