@@ -122,47 +122,26 @@ def test_a_protocol_loss_that_would_drop_fearec_s_terms_is_refused(small_config)
         run("FEARec", "tiny", cmd_overrides=overrides, saved=False)
 
 
-@pytest.mark.parametrize(
-    "settings, refused",
-    [
-        (
-            {"enable_amp": True, "device": "cuda", "amp_dtype": None, "MAX_ITEM_LIST_LENGTH": 50},
-            True,
-        ),
-        (
-            {
-                "enable_amp": True,
-                "device": "cuda:0",
-                "amp_dtype": "float16",
-                "MAX_ITEM_LIST_LENGTH": 50,
-            },
-            True,
-        ),
-        (
-            {"enable_amp": True, "device": "cuda", "amp_dtype": None, "MAX_ITEM_LIST_LENGTH": 64},
-            False,
-        ),
-        (
-            {"enable_amp": False, "device": "cuda", "amp_dtype": None, "MAX_ITEM_LIST_LENGTH": 50},
-            False,
-        ),
-        (
-            {"enable_amp": True, "device": "cpu", "amp_dtype": None, "MAX_ITEM_LIST_LENGTH": 50},
-            False,
-        ),
-    ],
-)
-def test_fearec_in_float16_on_cuda_needs_a_power_of_two_length(settings, refused):
-    """cuFFT computes float16 transforms only for power-of-two sizes: on an H200 FEARec
-    under AMP with L = 50 stopped in its first epoch (benchmarks/results/gpu-suite/); it
-    is one line before any data is loaded."""
-    from recbole_freq.quick_start.preflight import ModelBuildError, check_fearec_delays
+@pytest.mark.parametrize("dual_domain", [False, True])
+def test_fearecs_frequency_attention_computes_in_float32_under_autocast(dual_domain):
+    """Compat fix 21: under mixed precision RecBole's ``HybridAttention`` runs in
+    float32 (on CUDA its float16 FFT stopped FEARec in its first step), so its output is
+    the full-precision one; bfloat16 would be off by about 1e-2 relative."""
+    from recbole.model.sequential_recommender.fearec import HybridAttention
 
-    config = {"topk_factor": 10, **settings}
-    if refused:
-        with pytest.raises(
-            ModelBuildError, match="use MAX_ITEM_LIST_LENGTH=64 or enable_amp=False"
-        ):
-            check_fearec_delays(config)
-    else:
-        check_fearec_delays(config)
+    import recbole_freq  # noqa: F401  (installs the fixes)
+
+    torch.manual_seed(0)
+    defaults = Path(recbole.__file__).parent / "properties" / "model" / "FEARec.yaml"
+    config = yaml.safe_load(defaults.read_text()) | {
+        "MAX_ITEM_LIST_LENGTH": 50, "global_ratio": 0.5, "dual_domain": dual_domain,
+        "spatial_ratio": 0.5, "use_filter": False,
+    }  # fmt: skip
+    layer = HybridAttention(2, 16, 0.0, 0.0, 1e-12, 0, config).eval()
+    hidden = torch.randn(3, 50, 16)
+    mask = torch.zeros(3, 1, 50, 50)
+    full = layer(hidden, mask)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        mixed = layer(hidden, mask)
+    assert mixed.dtype == torch.float32
+    torch.testing.assert_close(mixed, full, rtol=1e-6, atol=1e-6)

@@ -10,7 +10,8 @@ and tests cite them):
   process-wide anomaly detection, 5 Ray next to RecBole, 13 a missing RecBole named in
   one line;
 - ``trainer`` (trainer and checkpoints): 2 checkpoints read by the restricted loader and
-  written whole, 10 the collector's item counts, 11 ``torch.amp``'s ``GradScaler``;
+  written whole, 10 the collector's item counts, 11 ``torch.amp``'s ``GradScaler``,
+  21 FEARec's frequency attention in float32 under mixed precision;
 - ``data`` (data and downloads): 8 no pickled dataset or dataloader cache, 9 no download
   of a missing dataset for a plugin run, 19 real times in float64;
 - ``logs`` (logging and TensorBoard): 6 ``ensure_dir`` without a race, 7 one log per
@@ -70,4 +71,5 @@ def apply() -> None:
     trainer.guard_recboles_quick_start()
     settings.read_settings_as_literals()
     data.keep_real_times_in_float64()
+    trainer.fearec_attention_in_float32()
     _applied = True

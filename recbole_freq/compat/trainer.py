@@ -31,6 +31,17 @@ that evaluate, torch's current AMP names.
     module's ``amp`` becomes ``torch.amp``'s ``GradScaler`` and ``autocast`` for
     ``"cuda"``, the same objects without the notice.  No RecBole issue found.  Test:
     ``test_recbole_habits.test_training_prints_no_grad_scaler_deprecation``.
+
+21. Under mixed precision on CUDA (``enable_amp``), RecBole's FEARec stops in its first
+    step: its frequency attention (``HybridAttention``) writes the FFT of float16
+    activations into complex64 buffers, which torch refuses ("Index put requires the
+    source and destination dtypes match, got ComplexFloat for the destination and
+    ComplexHalf for the source", seen on an H200, ``benchmarks/results/gpu-suite/``), and
+    cuFFT transforms float16 only at power-of-two lengths.  The attention block runs in
+    float32 under autocast, as the plugin's own frequency filters do; the rest of the
+    model keeps the mixed precision.  No RecBole issue found.  Tests:
+    ``test_fearec.test_fearecs_frequency_attention_computes_in_float32_under_autocast``,
+    ``test_gpu.test_every_model_trains_an_epoch_on_cuda[FEARec-amp]``.
 """
 
 from __future__ import annotations
@@ -152,3 +163,27 @@ def _patch_grad_scaler(trainer_module) -> None:
         GradScaler=functools.partial(torch.amp.GradScaler, "cuda"),
         autocast=functools.partial(torch.amp.autocast, "cuda"),
     )
+
+
+def fearec_attention_in_float32() -> None:
+    when_imported("recbole.model.sequential_recommender.fearec", _patch_hybrid_attention)
+
+
+def _patch_hybrid_attention(fearec_module) -> None:
+    import torch
+
+    attention = fearec_module.HybridAttention
+    if getattr(attention.forward, "_recbole_freq_float32", False):
+        return
+    mixed_forward = attention.forward
+
+    @functools.wraps(mixed_forward)
+    def forward(self, input_tensor, attention_mask):
+        device_type = input_tensor.device.type
+        if not torch.is_autocast_enabled(device_type):
+            return mixed_forward(self, input_tensor, attention_mask)
+        with torch.autocast(device_type=device_type, enabled=False):
+            return mixed_forward(self, input_tensor.float(), attention_mask.float())
+
+    forward._recbole_freq_float32 = True
+    attention.forward = forward

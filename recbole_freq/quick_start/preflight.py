@@ -32,18 +32,6 @@ def check_fearec_delays(config) -> None:
     pass, after the data is loaded; here it is one line naming the two settings and the
     values that work."""
     factor, length = config["topk_factor"], config["MAX_ITEM_LIST_LENGTH"]
-    half_on_cuda = (
-        config["enable_amp"]
-        and str(config["device"]).startswith("cuda")
-        and config["amp_dtype"] in (None, "float16")
-    )
-    if half_on_cuda and length & (length - 1):
-        # Seen on an H200 (benchmarks/results/gpu-suite/): cuFFT stops in the first epoch.
-        raise ModelBuildError(
-            f"FEARec under enable_amp on CUDA runs its FFT in float16, which cuFFT computes "
-            f"only for power-of-two lengths, and MAX_ITEM_LIST_LENGTH={length} is not one; "
-            f"use MAX_ITEM_LIST_LENGTH={1 << length.bit_length()} or enable_amp=False"
-        )
     if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
         raise ModelBuildError(f"FEARec needs topk_factor > 0, got {factor!r}")
 
