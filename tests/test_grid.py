@@ -114,6 +114,20 @@ def test_packed_runs_stop_at_the_time_limit_with_their_resume_states(small_confi
     assert kept == sorted(f"SASRec-seed{seed}.resume.pth" for _, seed in result["stopped"])
 
 
+def test_a_deterministic_packed_run_gets_the_threads_it_was_given(small_config, tmp_path):
+    """``--threads_per_run 2`` with ``deterministic: True`` (as ``--paper`` sets): the
+    run pins the 2 threads it was given, not 1 (a lent GPU's packed --paper runs
+    recorded 1 thread where 2 were asked), and its file records them."""
+    overrides = overrides_of(small_config, epochs=1, deterministic=True)
+    compare(
+        "SASRec", "tiny", seeds="4", overrides=overrides, out=tmp_path / "cmp",
+        parallel=1, threads_per_run=2, log=print,
+    )  # fmt: skip
+    summary = json.loads((tmp_path / "cmp" / "runs" / "SASRec-seed4.json").read_text())["summary"]
+    assert summary["environment"]["torch_threads"] == 2
+    assert summary["environment"]["deterministic_algorithms"] is True
+
+
 def test_runs_stored_elsewhere_table_together_but_not_on_other_data(
     small_config, tmp_path, tiny_data
 ):

@@ -7,8 +7,9 @@ run file keeps ``environment_record`` (versions, device and its name, torch's th
 counts, whether deterministic algorithms were on), and ``deterministic: True`` (on by
 default under ``--paper``) makes a run repeatable bit for bit:
 
-- torch's intra-op threads are pinned to ``torch_threads`` (1 when unset), so the float
-  reductions run in one order on every machine, whatever its core count;
+- torch's intra-op threads are pinned to ``torch_threads`` (when unset: 1, or the
+  ``--threads_per_run`` of a packed comparison's process), so the float reductions run
+  in one order on every machine, whatever its core count;
 - ``torch.use_deterministic_algorithms(True, warn_only=True)``: CUDA kernels that would
   add in a varying order (index_add, scatter_add, cuBLAS' split reductions) take their
   deterministic variants; an operation without one warns instead of stopping the run;
@@ -39,6 +40,7 @@ import os
 import platform
 
 _DEFAULT_THREADS: int | None = None
+_PACKED_THREADS: int | None = None
 # CUDA's documented setting for deterministic cuBLAS (the CUDA Toolkit's "Results
 # reproducibility" section); it must be in the environment before cuBLAS starts.
 CUBLAS_WORKSPACE = ":4096:8"
@@ -66,7 +68,14 @@ def run_threads(config) -> int | None:
                 f"torch_threads={threads!r} must be a whole number of threads, 1 or more"
             )
         return threads
-    return 1 if _setting(config, "deterministic") else None
+    return (_PACKED_THREADS or 1) if _setting(config, "deterministic") else None
+
+
+def give_packed_runs(threads: int) -> None:
+    """The threads a packed run's process was given (``--threads_per_run``): what a
+    deterministic run without ``torch_threads`` pins in that process instead of 1."""
+    global _PACKED_THREADS
+    _PACKED_THREADS = threads
 
 
 def apply_determinism(config) -> None:

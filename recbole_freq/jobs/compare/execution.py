@@ -83,7 +83,10 @@ def train_job(job: RunJob, deadline=None, workdir=None, threads=None, quiet=Fals
     if threads:
         import torch
 
+        from recbole_freq.utils.reproducibility import give_packed_runs
+
         torch.set_num_threads(threads)
+        give_packed_runs(threads)  # a deterministic run pins these, not 1 (seen on a GPU)
     overrides = {
         **job.references.get(job.entry, {}),
         **job.overrides,
