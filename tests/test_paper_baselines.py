@@ -5,6 +5,7 @@ GRU4Rec with BPR against one negative, DuoRec and FEARec with CE and their contr
 terms; each loss checked against a small oracle written out row by row, and every row
 of a table names its loss."""
 
+import math
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ PAPER_LOSSES = {
     "DuoRec": "CE (model's own) + contrastive term (contrast=us_x, lmd=0.1, lmd_sem=0.1)",
     "FEARec": "CE (model's own) + contrastive term (contrast=us_x) + frequency-domain term "
     "(fredom=True)",
+    "BERT4Rec": "CE, next item at a masked slot",
 }
 PROPERTIES = Path(__file__).resolve().parents[1] / "properties" / "paper"
 
@@ -80,8 +82,8 @@ def test_paper_settings_name_the_authors_loss(lastfm_like, tmp_path, model):
     extra = {"topk_factor": 4} if model == "FEARec" else {}
     config, built, _, _ = paper_run(model, lastfm_like, tmp_path, **extra)
     assert training_loss_label(built, config) == PAPER_LOSSES[model]
-    sampled = PAPER_LOSSES[model].split(",")[0] in ("BCE", "BPR")
-    expected = f"bsarec+train_loss={config['train_loss']}" if sampled else "bsarec"
+    own = PAPER_LOSSES[model].startswith("CE (model's own)")
+    expected = "bsarec" if own else f"bsarec+train_loss={config['train_loss']}"
     assert protocol_label(config) == expected
 
 
@@ -270,3 +272,86 @@ def test_an_unknown_loss_variant_is_refused_before_training(lastfm_like, tmp_pat
         ComparisonError, match="after '@' name a protocol, variant=<name> or one of"
     ):
         compare(f"BSARec,{entry}", "lastfm", seeds="1", out=tmp_path / "cmp", log=print)
+
+
+def left_laid(row: list[int], n: int) -> list[int]:
+    """A right-padded row as the BSARec authors lay it: padding first."""
+    items = [item for item in row if item]
+    return [0] * (n - len(items)) + items
+
+
+def test_bert4rec_paper_loss_is_the_authors_masked_next_item_ce(lastfm_like, tmp_path):
+    """The authors' bert4rec.py written out row by row on the slots the loss draws after
+    ``torch.manual_seed(0)``: each left-laid row with int(n * mask_ratio) slots set to
+    [mask], the output at the slot drawn last scoring every item id, CE to the next item."""
+    from recbole_freq.protocol.losses import MaskedNextLoss, masked_slots
+
+    _, model, trainer, batch = paper_run("BERT4Rec", lastfm_like, tmp_path)
+    assert isinstance(trainer.sampled_loss, MaskedNextLoss) and model.mask_ratio == 0.2
+    model.eval()
+    n = batch["item_id_list"].size(1)
+    with torch.no_grad():
+        # At initialisation (std 0.02) every row's loss is about log(items): spread the
+        # scores so that another input or slot changes the loss.
+        model.item_embedding.weight.mul_(200)
+        torch.manual_seed(0)
+        ours = trainer.sampled_loss(batch)
+        torch.manual_seed(0)
+        slots = masked_slots(batch["item_id_list"], model.mask_ratio)
+        assert slots.shape == (len(batch), int(n * 0.2))
+        assert all(len(set(row.tolist())) == slots.size(1) for row in slots)
+        losses = []
+        for row in range(len(batch)):
+            laid = left_laid(batch["item_id_list"][row].tolist(), n)
+            for slot in slots[row].tolist():
+                laid[slot] = model.mask_token
+            output = model.forward(torch.tensor([laid]))[0, int(slots[row, -1])]
+            logits = model.item_embedding.weight @ output  # [mask]'s id included
+            target = batch["item_id"][row : row + 1]
+            losses.append(torch.nn.functional.cross_entropy(logits[None], target))
+    assert float(ours) == pytest.approx(float(torch.stack(losses).mean()), rel=1e-5)
+    assert abs(float(ours) - math.log(model.n_items + 1)) > 0.1
+
+
+def test_bert4rec_paper_predictions_read_mask_after_the_last_items(lastfm_like, tmp_path):
+    """Left-laid, BERT4Rec scores from [mask] at position n - 1 after the row's last
+    n - 1 items (the authors' reconstruct_test_data), not at item_seq_len."""
+    _, model, _, batch = paper_run("BERT4Rec", lastfm_like, tmp_path)
+    model.eval()
+    n = batch["item_id_list"].size(1)
+    with torch.no_grad():
+        scores = model.full_sort_predict(batch)
+        for row in range(3):
+            laid = left_laid(batch["item_id_list"][row].tolist(), n)
+            query = model.forward(torch.tensor([laid[1:] + [model.mask_token]]))[0, -1]
+            expected = model.item_embedding.weight[: model.n_items] @ query + model.output_bias
+            torch.testing.assert_close(scores[row], expected, rtol=1e-5, atol=1e-6)
+        one = model.predict(batch)
+        picked = scores.gather(1, batch["item_id"][:, None])[:, 0]
+        torch.testing.assert_close(one, picked, rtol=1e-5, atol=1e-6)
+
+
+def test_the_masked_next_loss_is_bert4recs_alone(lastfm_like, tmp_path):
+    """BERT4Rec left-laid with its own loss, or the authors' BERT4Rec loss on a model
+    without [mask]: one line each, before training."""
+    from recbole_freq.model.layout import SequenceLayoutError
+    from recbole_freq.protocol import ProtocolError
+
+    with pytest.raises(SequenceLayoutError, match="set train_loss=masked_next or sequence_lay"):
+        paper_run("BERT4Rec", lastfm_like, tmp_path, train_loss="model")
+    with pytest.raises(ProtocolError, match="SASRec has no \\[mask\\] token"):
+        paper_run("SASRec", lastfm_like, tmp_path, train_loss="masked_next")
+    # RecBole's layout and its own cloze loss stay one setting away.
+    config, built, _, _ = paper_run(
+        "BERT4Rec", lastfm_like, tmp_path, train_loss="model", sequence_layout="right"
+    )
+    assert training_loss_label(built, config) == "CE (model's own)"
+
+
+def test_bert4rec_paper_run_trains(lastfm_like, tmp_path):
+    summary = run(
+        "BERT4Rec", "lastfm", cmd_overrides=small_overrides(lastfm_like, tmp_path), paper=True
+    )
+    assert summary["training_loss"] == PAPER_LOSSES["BERT4Rec"]
+    assert summary["protocol"]["label"] == "bsarec+train_loss=masked_next"
+    assert all(0 <= value <= 1 for value in summary["test_result"].values())

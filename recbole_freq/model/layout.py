@@ -28,15 +28,21 @@ from recbole_freq.model.layers import gather_positions, left_alignment, sequence
 #   gather_indexes(output, item_seq_len - 1): SASRec, GRU4Rec, NARM (its attention masks
 #   padding with item_seq > 0, wherever it sits) and FEARec (its contrastive views go
 #   through forward too);
-# - "sequence": forward(user, item_seq), the whole row and no length: Caser.
-# Refused, for example: BERT4Rec (the [mask] slot is written at item_seq_len), STAMP (the
-# mean of the first item_seq_len embeddings), SRGNN / GCSAN (session graphs), NextItNet.
+# - "sequence": forward(user, item_seq), the whole row and no length: Caser;
+# - "masked": BERT4Rec, whose forward(item_seq) encodes whole rows: its predictions write
+#   the [mask] slot at item_seq_len and its own loss reads RecBole's right-laid masked
+#   rows, so left-laid it predicts as the BSARec authors' bert4rec.py does (the row's
+#   last n - 1 items, then [mask] at n - 1) and trains only with their loss
+#   (train_loss: masked_next, protocol.losses.MaskedNextLoss, which lays rows itself).
+# Refused, for example: STAMP (the mean of the first item_seq_len embeddings), SRGNN /
+# GCSAN (session graphs), NextItNet.
 LEFT_LAYOUT_BUILTINS = {
     "SASRec": "lengths",
     "GRU4Rec": "lengths",
     "NARM": "lengths",
     "FEARec": "lengths",
     "Caser": "sequence",
+    "BERT4Rec": "masked",
 }
 
 
@@ -93,6 +99,12 @@ def builtin_class(model_class, config):
             f"than reading the last position (RecBole built-ins with left: {supported}, and "
             "every plugin model); set sequence_layout=right"
         )
+    if layout == "left" and reads == "masked" and config["train_loss"] != "masked_next":
+        raise SequenceLayoutError(
+            f"sequence_layout=left trains {name} only with the BSARec authors' loss "
+            "(train_loss=masked_next): its own loss reads rows masked in RecBole's layout; "
+            "set train_loss=masked_next or sequence_layout=right"
+        )
     key = (model_class, layout)
     if key not in _BUILTIN_CLASSES:
         members = {
@@ -101,7 +113,9 @@ def builtin_class(model_class, config):
             "__doc__": model_class.__doc__,
             "sequence_layout": layout,
         }
-        if layout == "left":
+        if layout == "left" and reads == "masked":
+            members.update(full_sort_predict=_masked_full_sort, predict=_masked_predict)
+        elif layout == "left":
             members["forward"] = _left_laid_forward(model_class.forward, reads)
         _BUILTIN_CLASSES[key] = type(name, (BuiltinSequential, model_class), members)
     return _BUILTIN_CLASSES[key]
@@ -126,3 +140,25 @@ def _left_laid_forward(forward, reads: str):
         return gather_positions(output, to_right) if output.dim() == 3 else output
 
     return by_lengths
+
+
+def _masked_query(model, interaction) -> torch.Tensor:
+    """BERT4Rec's output for the next item as the BSARec authors read it
+    (``reconstruct_test_data``): the row left-laid, its oldest slot dropped and ``[mask]``
+    appended at position ``n - 1``, whose output is the query."""
+    item_seq = interaction[model.ITEM_SEQ]
+    to_left, _ = left_alignment(interaction[model.ITEM_SEQ_LEN], item_seq.size(1))
+    laid = item_seq.gather(1, to_left)
+    mask = torch.full_like(laid[:, :1], model.mask_token)
+    return model.forward(torch.cat([laid[:, 1:], mask], dim=1))[:, -1]
+
+
+def _masked_full_sort(self, interaction):
+    query = _masked_query(self, interaction)
+    return query @ self.item_embedding.weight[: self.n_items].T + self.output_bias
+
+
+def _masked_predict(self, interaction):
+    items = interaction[self.ITEM_ID]
+    query = _masked_query(self, interaction)
+    return (query * self.item_embedding(items)).sum(-1) + self.output_bias[items]

@@ -19,6 +19,7 @@ import functools
 import torch
 
 from recbole_freq.model.abstract_recommender import TransformerRecommender
+from recbole_freq.model.layers import left_alignment
 from recbole_freq.model.layout import BuiltinSequential
 from recbole_freq.model.objectives import (
     POSITION_TARGETS,
@@ -37,6 +38,7 @@ from recbole_freq.protocol.pieces import (
 from recbole_freq.protocol.rows import _interaction
 
 SAMPLED_LOSSES = ("bce", "bpr")
+MASKED_NEXT = "masked_next"
 
 
 def _bce_source(config) -> str:
@@ -376,3 +378,51 @@ class SampledLoss:
             self.kind,
         )
         return loss + regularisation(model)
+
+
+class MaskedNextLoss:
+    """The loss of ``train_loss: masked_next``: BERT4Rec as the BSARec authors train it
+    (yehjin-shin/BSARec, ``src/model/bert4rec.py``, the loss it returns): in each row
+    ``int(n * mask_ratio)`` of its ``n`` slots, padding included, drawn without
+    replacement, become ``[mask]``; the output at the slot drawn last scores every item
+    id (``[mask]``'s too, as their logits do) and cross-entropy names the row's next
+    item.  Their cloze loss at the masked slots is computed and then discarded, so it is
+    not here.  The row is laid as the model reads it (``sequence_layout``).  Only RecBole's
+    BERT4Rec trains with it; the rest of that model (its output head and bias) is
+    RecBole's."""
+
+    def __init__(self, model, config):
+        if not isinstance(model, _recbole_class("BERT4Rec")):
+            raise ProtocolError(
+                f"train_loss={MASKED_NEXT} is the BSARec authors' BERT4Rec loss (a [mask] "
+                f"slot's output scoring the next item); {config['model']} has no [mask] "
+                "token: use train_loss=model, bce or bpr"
+            )
+        self.model = model
+        self.training_dataset = None  # set by the trainer; this loss draws no items
+
+    def __call__(self, interaction):
+        model = self.model
+        item_seq = interaction[model.ITEM_SEQ]
+        if model.sequence_layout == "left":
+            to_left, _ = left_alignment(interaction[model.ITEM_SEQ_LEN], item_seq.size(1))
+            item_seq = item_seq.gather(1, to_left)
+        slots = masked_slots(item_seq, model.mask_ratio)
+        output = model.forward(item_seq.scatter(1, slots, model.mask_token))
+        hidden = output.gather(1, slots[:, -1:, None].expand(-1, 1, output.size(-1)))[:, 0]
+        logits = hidden @ model.item_embedding.weight.T
+        return torch.nn.functional.cross_entropy(logits, interaction[model.POS_ITEM_ID])
+
+
+def masked_slots(item_seq: torch.Tensor, mask_ratio: float) -> torch.Tensor:
+    """Per row, ``int(n * mask_ratio)`` distinct slots of its ``n`` in the order drawn
+    (the authors' ``torch.multinomial(torch.ones(n), mask_num, replacement=False)``),
+    from torch's global generator."""
+    rows, n = item_seq.shape
+    count = int(n * mask_ratio)
+    if count < 1:
+        raise ProtocolError(
+            f"mask_ratio={mask_ratio} masks int({n} * {mask_ratio}) = 0 of a row's {n} slots; "
+            f"train_loss={MASKED_NEXT} needs at least one (mask_ratio >= {1 / n:.3g})"
+        )
+    return torch.rand(rows, n, device=item_seq.device).argsort(dim=1)[:, :count]

@@ -11,7 +11,7 @@ from recbole_freq.model.layers import SEQUENCE_LAYOUTS
 PIECES = {
     "history_mask": ("none", "zero", "exclude"),
     "train_rows": ("all_prefixes", "window", "last_n_all_positions"),
-    "train_loss": ("model", "bce", "bpr"),
+    "train_loss": ("model", "bce", "bpr", "masked_next"),
     "eval_negatives": ("target_only", "unseen"),
     "stopping_rule": ("recbole", "strict"),
     "sequence_layout": SEQUENCE_LAYOUTS,
@@ -93,13 +93,16 @@ def _default(piece: str, settings: dict) -> str:
 
 def loss_base_label(train_loss: str, train_rows: str, loss_type) -> str:
     """The loss without the model's added terms, as tables name it: ``BCE, 1 negative,
-    last position`` (or ``per position``), ``BPR, 1 negative, last position``, or the
-    model's own ``loss_type`` (``CE (model's own)``)."""
+    last position`` (or ``per position``), ``BPR, 1 negative, last position``, ``CE, next
+    item at a masked slot`` (the BSARec authors' BERT4Rec), or the model's own
+    ``loss_type`` (``CE (model's own)``)."""
     if train_loss == "bce":
         per = "per position" if train_rows == ALL_POSITIONS else "last position"
         return f"BCE, 1 negative, {per}"
     if train_loss == "bpr":
         return "BPR, 1 negative, last position"
+    if train_loss == "masked_next":
+        return "CE, next item at a masked slot"
     return f"{loss_type or 'own loss'} (model's own)"
 
 

@@ -14,8 +14,9 @@ data is loaded (``quick_start.preflight``).
 The hooks, each a method (or a callable attribute the caller sets):
 
 - **Sampled loss** (``_train_epoch``): under ``train_loss: bce`` / ``bpr`` an epoch
-  trains with the protocol's ``SampledLoss`` instead of ``model.calculate_loss``
-  (``protocol.losses``); with ``amp_dtype`` the epoch's autocast takes that type.
+  trains with the protocol's ``SampledLoss`` instead of ``model.calculate_loss``, under
+  ``masked_next`` with ``MaskedNextLoss`` (RecBole's BERT4Rec as the BSARec authors
+  train it; ``protocol.losses``); with ``amp_dtype`` the epoch's autocast takes that type.
 - **Optimizer groups** (``_build_optimizer``): a plugin model's own parameter groups
   (Rec-Denoiser's ``mask_learning_rate``).
 - **Epoch record** (``_train_epoch``, ``_valid_epoch``): ``history`` gets each epoch's
@@ -56,7 +57,12 @@ from recbole.trainer import Trainer
 from recbole.utils import EvaluatorType
 
 from recbole_freq.model.abstract_recommender import TransformerRecommender
-from recbole_freq.protocol.losses import SAMPLED_LOSSES, SampledLoss
+from recbole_freq.protocol.losses import (
+    MASKED_NEXT,
+    SAMPLED_LOSSES,
+    MaskedNextLoss,
+    SampledLoss,
+)
 from recbole_freq.protocol.pieces import ProtocolError, protocol_settings
 from recbole_freq.protocol.rows import HISTORY_LENGTH, HISTORY_START, UserHistories
 from recbole_freq.protocol.sampled_scoring import SampledScorer
@@ -100,6 +106,8 @@ class FreqTrainer(Trainer):
         self.sampled_loss = None
         if settings["train_loss"] in SAMPLED_LOSSES:
             self.sampled_loss = SampledLoss(model, config)
+        elif settings["train_loss"] == MASKED_NEXT:
+            self.sampled_loss = MaskedNextLoss(model, config)
         self.evaluator = _RecordingEvaluator(self.evaluator)
         self.sampled_scorer = (
             SampledScorer(model) if isinstance(model, SequentialRecommender) else None
