@@ -84,10 +84,17 @@ def get_model_class(name):
 def property_files(
     model_name: str, dataset: str | None, paper: bool = False, variant: str | None = None
 ) -> list[str]:
-    """Plugin property files that apply to this model and dataset, lowest priority first;
-    ``variant``: a named row of a paper's table (``variant_file``), after the paper file."""
+    """Plugin property files that apply to this model and dataset, lowest priority first:
+    ``overall.yaml``, those of the model's plugin base classes (``TransformerRecommender``:
+    the shared core's settings), the model's own, the dataset's; ``variant``: a named row
+    of a paper's table (``variant_file``), after the paper file."""
     root = properties_dir()
-    candidates = [root / "overall.yaml", root / "model" / f"{model_name}.yaml"]
+    bases = [
+        root / "model" / f"{klass.__name__}.yaml"
+        for klass in reversed(get_model_class(model_name).__mro__[1:])
+        if klass.__module__.startswith("recbole_freq.")
+    ]
+    candidates = [root / "overall.yaml", *bases, root / "model" / f"{model_name}.yaml"]
     if dataset:
         candidates.append(root / "dataset" / f"{dataset}.yaml")
     files = [str(path) for path in candidates if path.is_file()]

@@ -36,7 +36,7 @@ ESCAPE_HATCH = "accept_unknown_keys"
 IDENTITY_KEYS = ("model", "dataset")
 _READS = re.compile(
     r"""(?:config|final_config_dict|config_dict)\[\s*["']([A-Za-z_][A-Za-z_0-9]*)["']\s*\]"""
-    r"""|config_value\(\s*config\s*,\s*["']([A-Za-z_][A-Za-z_0-9]*)["']"""
+    r"""|setting\(\s*config\s*,\s*["']([A-Za-z_][A-Za-z_0-9]*)["']"""
 )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from recbole.model.abstract_recommender import SequentialRecommender
@@ -29,7 +31,7 @@ from recbole_freq.model.temporal import (
     interval_time_field,
     report_interval_times,
 )
-from recbole_freq.utils.options import as_number, config_value
+from recbole_freq.utils.options import as_number, setting
 
 LOSS_TYPES = ("CE", "BPR")
 
@@ -55,7 +57,7 @@ def sequence_layout(config) -> str:
     """The run's ``sequence_layout`` (a protocol piece, ``recbole_freq.protocol``):
     ``right`` (RecBole's padding) when unset, as in configurations stored before the
     piece existed."""
-    layout = config_value(config, "sequence_layout", SEQUENCE_LAYOUTS[0])
+    layout = config["sequence_layout"] or SEQUENCE_LAYOUTS[0]  # the piece's default
     if layout not in SEQUENCE_LAYOUTS:
         raise ValueError(
             f"sequence_layout={layout!r} is unknown; choose one of {', '.join(SEQUENCE_LAYOUTS)}"
@@ -63,12 +65,35 @@ def sequence_layout(config) -> str:
     return layout
 
 
+@functools.cache
+def core_defaults() -> dict:
+    """The shared core's settings as ``properties/model/TransformerRecommender.yaml``
+    gives them (what a configuration stored before one of them existed ran with)."""
+    from recbole_freq.utils.property_files import properties_dir, read_config_file
+
+    return read_config_file(properties_dir() / "model" / "TransformerRecommender.yaml")
+
+
+def fill_core_defaults(config) -> list[str]:
+    """A plugin model's configuration stored before a setting of the shared core existed
+    (a checkpoint, a search trial's state): that setting at the default the model ran
+    with (``core_defaults``); returns the settings filled."""
+    from recbole_freq.model import MODELS
+
+    if config["model"] not in MODELS:
+        return []
+    missing = [key for key in core_defaults() if key not in config]
+    for key in missing:
+        config[key] = core_defaults()[key]
+    return missing
+
+
 def component_options(config, registry, name) -> dict:
     """The config values a registered encoder component asks for (unknown names pass
     through; ``build_encoder`` reports them)."""
     component = registry.get(name)
     keys = component.config_keys if component else ()
-    return {key: config[key] for key in keys if config[key] is not None}
+    return {key: setting(config, key) for key in keys}
 
 
 class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
@@ -116,8 +141,8 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
         super().__init__(config, dataset)
         self.hidden_size = config["hidden_size"]
         self.sequence_layout = sequence_layout(config)
-        self.initializer_range = config_value(config, "initializer_range", 0.02)
-        self.loss_type = config_value(config, "loss_type", "CE")
+        self.initializer_range = setting(config, "initializer_range")
+        self.loss_type = setting(config, "loss_type")
         if self.loss_type not in self.loss_types:
             raise ValueError(
                 f"loss_type={self.loss_type!r} is unknown; choose from {list(self.loss_types)}"
@@ -132,12 +157,8 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
                 "train_neg_sample_args: {distribution: uniform, sample_num: 1}"
             )
         user_size = self.user_embedding_size(config)
-        self.sse_user_prob = probability(
-            config_value(config, "sse_user_prob", 0.0), "sse_user_prob"
-        )
-        self.sse_item_prob = probability(
-            config_value(config, "sse_item_prob", 0.0), "sse_item_prob"
-        )
+        self.sse_user_prob = probability(setting(config, "sse_user_prob"), "sse_user_prob")
+        self.sse_item_prob = probability(setting(config, "sse_item_prob"), "sse_item_prob")
         if self.sse_user_prob and not user_size:
             raise ValueError(
                 f"sse_user_prob={self.sse_user_prob} replaces user embeddings, and the model "
@@ -149,7 +170,7 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
             self.hidden_size,
             config["hidden_dropout_prob"],
             config["layer_norm_eps"],
-            positions=bool(config_value(config, "input_position_embedding", True)),
+            positions=bool(setting(config, "input_position_embedding")),
             n_users=dataset.user_num if user_size else 0,
             user_size=user_size,
         )
@@ -161,9 +182,9 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
         self.read_mask_learning_rate(config)
         self.objective = build_objective(
             self.encoder,
-            config_value(config, "jacobian_gamma", 0.0),
-            config_value(config, "jacobian_projections", 1),
-            config_value(config, "jacobian_normalization", "entry"),
+            setting(config, "jacobian_gamma"),
+            setting(config, "jacobian_projections"),
+            setting(config, "jacobian_normalization"),
         )
         self.build_head(config)
         self.apply(lambda module: init_weights(module, self.initializer_range))
@@ -174,7 +195,7 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
     def user_embedding_size(self, config) -> int:
         """``user_embedding_size`` (SSE-PT's user part of the input; 0: none, ``half``:
         half of ``hidden_size``), checked."""
-        size = config_value(config, "user_embedding_size", 0)
+        size = setting(config, "user_embedding_size")
         if size == "half":  # SSE-PT's split: as many user as item dimensions
             size = config["hidden_size"] // 2
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
@@ -197,7 +218,7 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
     def build_relations(self, config, dataset) -> TimeIntervalRelations | None:
         """TiSASRec's key and value embeddings when ``time_intervals`` is on; checks that
         the rows carry timestamps and says when they only order the interactions."""
-        enabled = config_value(config, "time_intervals", False)
+        enabled = setting(config, "time_intervals")
         if enabled not in (True, False):
             raise ValueError(f"time_intervals={enabled!r} must be True or False")
         self.TIME_SEQ = self.INTERVAL_TIME_FIELD = None
@@ -213,7 +234,7 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
         report_interval_times(name, config, dataset, self.INTERVAL_TIME_FIELD)
         return TimeIntervalRelations(
             self.max_seq_length,
-            config_value(config, "time_span", 256),
+            setting(config, "time_span"),
             self.hidden_size,
             config["n_heads"],
             config["hidden_dropout_prob"],
@@ -225,13 +246,13 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
         personalised (``users``; in training each replaced by a random user with
         probability ``sse_user_prob``, SSE-PT's stochastic shared embeddings)."""
         inputs = {}
-        for wanted, field, setting in (
+        for wanted, field, needed in (
             (self.relations is not None, self.TIME_SEQ, "time_intervals=True"),
             (self.personalised, self.USER_ID, "user_embedding_size > 0"),
         ):
             if wanted and field not in interaction:
                 raise ValueError(
-                    f"{type(self).__name__} with {setting} needs the rows' {field}, which "
+                    f"{type(self).__name__} with {needed} needs the rows' {field}, which "
                     "this batch lacks"
                 )
         if self.relations is not None:
@@ -246,8 +267,8 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
         return inputs
 
     def encoder_settings(self, config) -> dict:
-        operator = config_value(config, "attention_operator", "softmax")
-        residual = config_value(config, "residual", "standard")
+        operator = setting(config, "attention_operator")
+        residual = setting(config, "residual")
         return dict(
             n_layers=config["n_layers"],
             hidden_size=config["hidden_size"],
@@ -255,7 +276,7 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
             inner_size=config["inner_size"],
             hidden_dropout_prob=config["hidden_dropout_prob"],
             attn_dropout_prob=config["attn_dropout_prob"],
-            hidden_act=config_value(config, "hidden_act", "gelu"),
+            hidden_act=setting(config, "hidden_act"),
             layer_norm_eps=config["layer_norm_eps"],
             max_seq_length=self.max_seq_length,
             token_mixer=self.token_mixer,

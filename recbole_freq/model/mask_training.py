@@ -17,7 +17,7 @@ from recbole_freq.model.denoising import (
     sparsity_penalty_scale,
 )
 from recbole_freq.model.objectives import POSITION_TARGETS
-from recbole_freq.utils.options import as_number, config_value
+from recbole_freq.utils.options import as_number, setting
 
 
 def trains_with_eq_4(config) -> bool:
@@ -53,7 +53,7 @@ class LearnedMaskTraining:
         if not operators:
             return
         paper_targets = self.paper_loss_targets_per_row(config, dataset)
-        normalization = config_value(config, "sparsity_normalization", "auto")
+        normalization = setting(config, "sparsity_normalization")
         if normalization == "auto":
             normalization = "train_examples" if paper_targets is None else "batch_targets"
         self.sparsity_normalization = normalization
@@ -77,7 +77,7 @@ class LearnedMaskTraining:
     def read_mask_learning_rate(self, config) -> None:
         """``mask_learning_rate`` (None: ``learning_rate``), checked; see
         ``optimizer_parameter_groups``."""
-        rate = config_value(config, "mask_learning_rate", None)
+        rate = setting(config, "mask_learning_rate")
         if rate is not None:
             number = as_number(rate)
             if isinstance(rate, bool) or not 0.0 < number < math.inf:

@@ -49,6 +49,7 @@ def restore_model(path, data_path=None, device="cpu", adjust=None, trust_data=Fa
     from recbole.data import create_dataset
     from recbole.utils import init_seed
 
+    from recbole_freq.model.abstract_recommender import fill_core_defaults
     from recbole_freq.quick_start.preflight import check_item_count
     from recbole_freq.quick_start.quick_start import load_splits, new_model
 
@@ -56,6 +57,7 @@ def restore_model(path, data_path=None, device="cpu", adjust=None, trust_data=Fa
     config = checkpoint["config"]
     drop_pickled_cache_settings(config, path)
     in_one_process(config)
+    fill_core_defaults(config)
     _check_sizes_before_building(config, checkpoint["state_dict"], path)
     checkpoint["weights_sha256"] = weights_fingerprint(checkpoint["state_dict"])
     _compare_with_run_summary(path, checkpoint["weights_sha256"])

@@ -258,5 +258,16 @@ def settings_differences(saved_config, config) -> list[str]:
     return [
         f"{key}: {old.get(key)!r} then, {new.get(key)!r} now"
         for key in sorted(set(old) | set(new))
-        if key not in ignored and str(old.get(key)) != str(new.get(key))
+        if key not in ignored
+        and str(old.get(key)) != str(new.get(key))
+        and not _added_since(key, old, new)
     ]
+
+
+def _added_since(key, old: dict, new: dict) -> bool:
+    """A setting of the shared core that the interrupted run's configuration predates,
+    now at the default it ran with then (``TransformerRecommender.yaml``)."""
+    from recbole_freq.model.abstract_recommender import core_defaults
+
+    defaults = core_defaults()
+    return key not in old and key in defaults and str(new.get(key)) == str(defaults[key])

@@ -48,7 +48,20 @@ def finite_non_negative(value, name: str, hint: str) -> float:
     return number
 
 
-def config_value(config, key, default=None):
-    """``config[key]`` with a default; RecBole's ``Config`` returns None for missing keys."""
-    value = config[key]
-    return default if value is None else value
+class MissingSettingError(ValueError):
+    """A setting a model reads that its configuration does not hold."""
+
+
+def setting(config, key):
+    """``config[key]``, for a key that the model's property files give a default
+    (``properties/model/<Model>.yaml`` and those of its plugin base classes).  RecBole's
+    ``Config`` answers None for a key it does not hold; here that is one line instead
+    of a silent value."""
+    if key not in config:
+        raise MissingSettingError(
+            f"setting {key!r} is not in this configuration: every setting a plugin model "
+            "reads has a default in its property files (properties/model/<Model>.yaml and "
+            "TransformerRecommender.yaml); build the configuration with "
+            "recbole_freq.config.FreqConfig, which loads them"
+        )
+    return config[key]

@@ -161,6 +161,7 @@ def test_stopped_trial(checkpoint) -> dict:
     that ASHA stopped, from the best weights in its last Ray checkpoint, evaluated here as
     the trial would have at its end; ``best_epoch``: the epoch those weights are from."""
     from recbole_freq.checkpoint.loader import in_one_process
+    from recbole_freq.model.abstract_recommender import fill_core_defaults
     from recbole_freq.protocol import protocol_label, trainer_for
     from recbole_freq.quick_start.quick_start import (
         evaluate_extra_test_modes,
@@ -175,6 +176,7 @@ def test_stopped_trial(checkpoint) -> dict:
         return {}
     config = state["config"]
     in_one_process(config)
+    fill_core_defaults(config)
     config["show_progress"] = False
     # The trial's device may be a GPU Ray gave it; the driver tests where it can.
     import torch

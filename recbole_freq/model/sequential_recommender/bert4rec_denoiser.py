@@ -10,7 +10,7 @@ from torch import nn
 
 from recbole_freq.model.objectives import DenoisingPass
 from recbole_freq.model.sequential_recommender.recdenoiser import DenoisingRecommender
-from recbole_freq.utils.options import config_value
+from recbole_freq.utils.options import setting
 
 
 def expected_cloze_targets(
@@ -72,7 +72,7 @@ class BERT4RecDenoiser(DenoisingRecommender):
                 "cloze task; set transform: mask_itemseq (as properties/model/"
                 "BERT4RecDenoiser.yaml does)"
             )
-        ratio = config_value(config, "mask_ratio", 0.2)
+        ratio = setting(config, "mask_ratio")
         if not 0.0 < float(ratio) < 1.0 or int(ratio * config["MAX_ITEM_LIST_LENGTH"]) < 1:
             raise ValueError(
                 f"mask_ratio={ratio!r} must lie in (0, 1) and mask at least one of the "
@@ -96,7 +96,7 @@ class BERT4RecDenoiser(DenoisingRecommender):
             lengths.tolist(),
             float(config["mask_ratio"]),
             self.max_seq_length,
-            float(config_value(config, "ft_ratio", 0.0)),
+            float(setting(config, "ft_ratio")),
         )
 
     def build_head(self, config) -> None:

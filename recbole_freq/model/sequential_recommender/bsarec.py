@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from recbole_freq.model.abstract_recommender import TransformerRecommender
-from recbole_freq.utils.options import config_value, whole_number
+from recbole_freq.utils.options import setting, whole_number
 
 
 class BSARec(TransformerRecommender):
@@ -42,7 +42,7 @@ class BSARec(TransformerRecommender):
         settings.update(
             alpha=float(config["alpha"]),
             c=whole_number(config["c"], "c"),
-            beta_type=config_value(config, "beta_type", "vector"),
+            beta_type=setting(config, "beta_type"),
             fusion_branches=("bsa",),
             fusion_weights=(1.0,),
         )

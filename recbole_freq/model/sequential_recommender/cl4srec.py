@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from recbole_freq.model.abstract_recommender import TransformerRecommender
 from recbole_freq.model.contrastive import contrast_settings, nt_xent, two_augmented_views
-from recbole_freq.utils.options import as_number, config_value
+from recbole_freq.utils.options import as_number, setting
 
 
 class CL4SRec(TransformerRecommender):
@@ -34,15 +34,13 @@ class CL4SRec(TransformerRecommender):
 
     def __init__(self, config, dataset):
         ratios = {
-            name: _ratio(config_value(config, name, default), name)
-            for name, default in (("crop_eta", 0.6), ("mask_gamma", 0.3), ("reorder_beta", 0.6))
+            name: _ratio(setting(config, name), name)
+            for name in ("crop_eta", "mask_gamma", "reorder_beta")
         }
-        lmd = config_value(config, "lmd", 0.1)
+        lmd = setting(config, "lmd")
         if isinstance(lmd, bool) or not as_number(lmd) >= 0:
             raise ValueError(f"lmd={lmd!r} must be a number >= 0 (0 turns contrast off)")
-        tau, sim = contrast_settings(
-            config_value(config, "tau", 1.0), config_value(config, "sim", "dot")
-        )
+        tau, sim = contrast_settings(setting(config, "tau"), setting(config, "sim"))
         super().__init__(config, dataset)
         self.ratios = ratios
         self.lmd, self.tau, self.sim = as_number(lmd), tau, sim

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from recbole_freq.model.abstract_recommender import TransformerRecommender
 from recbole_freq.model.contrastive import SameTargetSampler, contrast_settings, nt_xent
-from recbole_freq.utils.options import as_number, config_value
+from recbole_freq.utils.options import as_number, setting
 
 # contrast: which pairs the NT-Xent sees (the DuoRec authors' ``contrast`` / ``ssl``).
 CONTRASTS = {
@@ -52,11 +52,9 @@ class DuoRec(TransformerRecommender):
             raise ValueError(
                 f"contrast={contrast!r} is unknown; choose from {sorted(CONTRASTS)} or ~ (none)"
             )
-        lmd = _weight(config_value(config, "lmd", 0.1), "lmd")
-        lmd_sem = _weight(config_value(config, "lmd_sem", 0.1), "lmd_sem")
-        tau, sim = contrast_settings(
-            config_value(config, "tau", 1.0), config_value(config, "sim", "dot")
-        )
+        lmd = _weight(setting(config, "lmd"), "lmd")
+        lmd_sem = _weight(setting(config, "lmd_sem"), "lmd_sem")
+        tau, sim = contrast_settings(setting(config, "tau"), setting(config, "sim"))
         super().__init__(config, dataset)
         self.contrast, self.lmd, self.lmd_sem = contrast, lmd, lmd_sem
         self.tau, self.sim = tau, sim

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from recbole_freq.model.sequential_recommender.bsarec import BSARec
-from recbole_freq.utils.options import config_value
+from recbole_freq.utils.options import setting
 
 
 class FBSARec(BSARec):
@@ -21,12 +21,12 @@ class FBSARec(BSARec):
 
     def encoder_settings(self, config) -> dict:
         settings = super().encoder_settings(config)
-        branches = config_value(config, "fusion_branches", ["bsa", "sa"])
+        branches = setting(config, "fusion_branches")
         if isinstance(branches, str):
             branches = [name.strip() for name in branches.split(",") if name.strip()]
         settings.update(
             fusion_branches=tuple(branches),
             fusion_weights=config["fusion_weights"],
-            learn_fusion_weights=bool(config_value(config, "learn_fusion_weights", False)),
+            learn_fusion_weights=bool(setting(config, "learn_fusion_weights")),
         )
         return settings

@@ -11,7 +11,7 @@ from recbole_freq.model.abstract_recommender import TransformerRecommender
 from recbole_freq.model.contrastive import SameTargetSampler
 from recbole_freq.model.objectives import DenoisingObjective
 from recbole_freq.model.polynomial import ChebyshevAttention
-from recbole_freq.utils.options import as_number, config_value
+from recbole_freq.utils.options import as_number, setting
 
 
 class PolyRec(TransformerRecommender):
@@ -41,9 +41,9 @@ class PolyRec(TransformerRecommender):
 
     def __init__(self, config, dataset):
         # Checked before the (slower) encoder build so that bad input fails fast.
-        cl_weight = _non_negative(config_value(config, "cl_weight", 0.1), "cl_weight")
+        cl_weight = _non_negative(setting(config, "cl_weight"), "cl_weight")
         cl_temperature = _non_negative(
-            config_value(config, "cl_temperature", 1.0), "cl_temperature", strict=True
+            setting(config, "cl_temperature"), "cl_temperature", strict=True
         )
         super().__init__(config, dataset)
         if cl_weight > 0 and isinstance(self.objective, DenoisingObjective):

@@ -8,7 +8,8 @@ from recbole.utils import InputType
 from recbole_freq.model.abstract_recommender import (
     TransformerRecommender,
     component_options,
-    config_value,
+    core_defaults,
+    setting,
 )
 from recbole_freq.model.encoder import ATTENTION_OPERATORS
 from recbole_freq.utils.options import whole_number
@@ -46,7 +47,7 @@ class DenoisingRecommender(TransformerRecommender):
     input_type = InputType.PAIRWISE
 
     def __init__(self, config, dataset):
-        backbone = self._backbone(config_value(config, "backbone", self.default_backbone))
+        backbone = self._backbone(setting(config, "backbone"))
         for key, value in self.backbone_settings.get(backbone, {}).items():
             if config[key] is not None and config[key] != value:
                 raise ValueError(
@@ -57,12 +58,21 @@ class DenoisingRecommender(TransformerRecommender):
         for key, value in self.backbone_defaults.get(backbone, {}).items():
             if config[key] is None:
                 config[key] = value
+        for key in self.backbone_keys():
+            if config[key] is None:  # unset (~) and not the backbone's: the shared core's
+                config[key] = core_defaults()[key]
         if backbone == "SSE-PT" and not config["user_embedding_size"]:
             raise ValueError(
                 "backbone=SSE-PT needs user_embedding_size > 0 (its user part of the input); "
                 "leave it unset for half of hidden_size"
             )
         super().__init__(config, dataset)
+
+    @classmethod
+    def backbone_keys(cls) -> set[str]:
+        """The settings a backbone may decide (unset, ``~``, in the model's file)."""
+        tables = (*cls.backbone_settings.values(), *cls.backbone_defaults.values())
+        return {key for table in tables for key in table}
 
     def _backbone(self, name) -> str:
         if name in self.backbones:
@@ -77,17 +87,17 @@ class DenoisingRecommender(TransformerRecommender):
 
     def encoder_settings(self, config) -> dict:
         # Called by the base constructor: the backbone decides the token mixer.
-        self.backbone = self._backbone(config_value(config, "backbone", self.default_backbone))
+        self.backbone = self._backbone(setting(config, "backbone"))
         self.token_mixer = self.backbones[self.backbone]
         settings = super().encoder_settings(config)
-        operator = config_value(config, "attention_operator", "denoise")
+        operator = setting(config, "attention_operator")
         settings["attention_operator"] = operator
         settings["operator_options"] = component_options(config, ATTENTION_OPERATORS, operator)
         if self.token_mixer == "bsa":  # BSARec's beyond-self-attention layer, eq. 5-7
             settings.update(
-                alpha=float(config_value(config, "alpha", 0.9)),
-                c=whole_number(config_value(config, "c", 3), "c"),
-                beta_type=config_value(config, "beta_type", "vector"),
+                alpha=float(setting(config, "alpha")),
+                c=whole_number(setting(config, "c"), "c"),
+                beta_type=setting(config, "beta_type"),
                 fusion_branches=("bsa",),
                 fusion_weights=(1.0,),
             )
