@@ -178,16 +178,41 @@ def test_a_fresh_environment_names_the_recbole_command_then_runs_from_outside_th
     assert helped.returncode == 0 and "protocol/uni100" in helped.stdout
 
 
+def copy_of_the_checkout(where: Path) -> Path:
+    """The package, its property files and the entry point, as another checkout has them."""
+    for part in ("recbole_freq", "properties"):
+        shutil.copytree(
+            REPO_ROOT / part, where / part, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    shutil.copy(REPO_ROOT / "run_recbole_freq.py", where / "run_recbole_freq.py")
+    return where
+
+
+def test_another_checkout_reads_its_own_property_files(tmp_path):
+    """A second checkout (a git worktree of another commit) run beside this one, which is
+    installed in editable mode: it reads its own files, not the installed checkout's
+    (whose package ``recbole_freq.properties`` the editable install maps)."""
+    other = copy_of_the_checkout(tmp_path / "worktree")
+    overall = other / "properties" / "overall.yaml"
+    overall.write_text(overall.read_text() + "\nworktree_marker: 7\n")
+    probe = (
+        "from recbole_freq.utils.property_files import properties_dir, read_config_file;"
+        "d = properties_dir(); print(d); print(read_config_file(d / 'overall.yaml').get('worktree_marker'))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=other,
+        env={**os.environ, "PYTHONPATH": str(other)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(other / "properties"), "7"]
+
+
 def test_a_checkout_that_was_not_installed_finds_its_property_files(tmp_path):
     """``PYTHONPATH=<checkout>`` without an install (a machine with no package index): the
     package ``recbole_freq.properties`` does not exist there, so the files are read from
     the tree's ``properties/``.  ``python -S`` keeps the editable install's finder (a
     ``.pth`` file) from supplying the package."""
-    checkout = tmp_path / "checkout"
-    for part in ("recbole_freq", "properties"):
-        shutil.copytree(
-            REPO_ROOT / part, checkout / part, ignore=shutil.ignore_patterns("__pycache__")
-        )
+    checkout = copy_of_the_checkout(tmp_path / "checkout")
     site_packages = sysconfig.get_paths()["purelib"]
     probe = (
         "from recbole_freq.utils.property_files import properties_dir, find_config_file;"

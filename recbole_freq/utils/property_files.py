@@ -16,20 +16,22 @@ import yaml
 
 from recbole_freq.utils.command import invoked_command
 
-# A checkout used without installing (``PYTHONPATH=<checkout>``, as on a machine with no
-# package index) has no package ``recbole_freq.properties``: the files are the tree's own.
-_SOURCE_TREE_PROPERTIES = Path(__file__).resolve().parents[2] / "properties"
+# A checkout (``run_recbole_freq.py`` beside the package) reads its own ``properties/``:
+# with another checkout installed in editable mode, the package ``recbole_freq.properties``
+# is that other checkout's files (seen: a git worktree of an older commit ran with the
+# main checkout's files); used without installing there is no such package at all.
+_CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def properties_dir() -> Path:
-    """The installed property files, or ``properties/`` of the source tree when the
-    package runs from a checkout that was not installed."""
-    try:
-        return Path(str(resources.files("recbole_freq.properties")))
-    except ModuleNotFoundError:
-        if (_SOURCE_TREE_PROPERTIES / "overall.yaml").is_file():
-            return _SOURCE_TREE_PROPERTIES
-        raise
+    """The property files: those of the checkout the package runs from, else the
+    installed ones (``properties/`` of the source tree, installed as
+    ``recbole_freq/properties``)."""
+    if (_CHECKOUT / "run_recbole_freq.py").is_file() and (
+        _CHECKOUT / "properties" / "overall.yaml"
+    ).is_file():
+        return _CHECKOUT / "properties"
+    return Path(str(resources.files("recbole_freq.properties")))
 
 
 def builtin_files(suffix: str = ".yaml") -> list[str]:
