@@ -74,20 +74,6 @@ def core_defaults() -> dict:
     return read_config_file(properties_dir() / "model" / "TransformerRecommender.yaml")
 
 
-def fill_core_defaults(config) -> list[str]:
-    """A plugin model's configuration stored before a setting of the shared core existed
-    (a checkpoint, a search trial's state): that setting at the default the model ran
-    with (``core_defaults``); returns the settings filled."""
-    from recbole_freq.model import MODELS
-
-    if config["model"] not in MODELS:
-        return []
-    missing = [key for key in core_defaults() if key not in config]
-    for key in missing:
-        config[key] = core_defaults()[key]
-    return missing
-
-
 def component_options(config, registry, name) -> dict:
     """The config values a registered encoder component asks for (unknown names pass
     through; ``build_encoder`` reports them)."""

@@ -27,6 +27,21 @@ class CheckpointMismatchError(ValueError):
     """A checkpoint whose weights do not fit the dataset it is being used with."""
 
 
+def fill_core_defaults(config) -> list[str]:
+    """A plugin model's configuration stored before a setting of the shared core existed
+    (a checkpoint, a search trial's state): that setting at the default the model ran
+    with (``TransformerRecommender.yaml``, ``core_defaults``); returns the settings filled."""
+    from recbole_freq.model import MODELS
+    from recbole_freq.model.abstract_recommender import core_defaults
+
+    if config["model"] not in MODELS:
+        return []
+    missing = [key for key in core_defaults() if key not in config]
+    for key in missing:
+        config[key] = core_defaults()[key]
+    return missing
+
+
 def restore_model(path, data_path=None, device="cpu", adjust=None, trust_data=False):
     """Rebuild a trained model and its data from a checkpoint, loaded safely.
 
@@ -49,7 +64,6 @@ def restore_model(path, data_path=None, device="cpu", adjust=None, trust_data=Fa
     from recbole.data import create_dataset
     from recbole.utils import init_seed
 
-    from recbole_freq.model.abstract_recommender import fill_core_defaults
     from recbole_freq.quick_start.preflight import check_item_count
     from recbole_freq.quick_start.quick_start import load_splits, new_model
 

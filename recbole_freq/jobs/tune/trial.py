@@ -161,13 +161,13 @@ def test_stopped_trial(checkpoint) -> dict:
     that ASHA stopped, from the best weights in its last Ray checkpoint, evaluated here as
     the trial would have at its end; ``best_epoch``: the epoch those weights are from."""
     from recbole_freq.checkpoint.loader import in_one_process
-    from recbole_freq.model.abstract_recommender import fill_core_defaults
     from recbole_freq.protocol import protocol_label, trainer_for
     from recbole_freq.quick_start.quick_start import (
         evaluate_extra_test_modes,
         load_splits,
         new_model,
     )
+    from recbole_freq.quick_start.restore import fill_core_defaults
     from recbole_freq.quick_start.resume import load_resume_state
 
     with checkpoint.as_directory() as folder:
