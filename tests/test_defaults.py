@@ -72,17 +72,13 @@ def test_a_run_interrupted_before_a_core_setting_existed_continues(
 ):
     """A resume state whose configuration predates a core setting is the same run when
     that setting is now at its default: it continues rather than being refused."""
-    from test_resume import cli, interrupt_at_epoch
+    from test_resume import cli, interrupted_comparison
 
     from recbole_freq.cli import main
 
     shared = {k: v for k, v in small_config.items() if k != "seed"} | {"epochs": 2}
     out = tmp_path / "cmp"
-    args = ["--compare", "BSARec", "--dataset=tiny", "--seeds", "5", "--out", str(out)]
-    interrupt_at_epoch(monkeypatch, 1)
-    assert main([*args, *cli(shared)]) == 130
-    monkeypatch.undo()
-    state_file = out / "partial" / "BSARec-seed5.resume.pth"
+    args, state_file = interrupted_comparison("BSARec", shared, out, monkeypatch)
     state = load_checkpoint(state_file)
     for key in ("residual", "time_span", "trc_sublayers", "mask_learning_rate"):
         del state["config"].final_config_dict[key]
@@ -90,12 +86,7 @@ def test_a_run_interrupted_before_a_core_setting_existed_continues(
     assert main([*args, *cli(shared)]) == 0
     assert (out / "runs" / "BSARec-seed5.json").is_file()
     # Another value of such a setting is another run.
-    interrupt_at_epoch(monkeypatch, 1)
-    other = tmp_path / "other"
-    args = ["--compare", "BSARec", "--dataset=tiny", "--seeds", "5", "--out", str(other)]
-    assert main([*args, *cli(shared)]) == 130
-    monkeypatch.undo()
-    state_file = other / "partial" / "BSARec-seed5.resume.pth"
+    args, state_file = interrupted_comparison("BSARec", shared, tmp_path / "other", monkeypatch)
     state = load_checkpoint(state_file)
     del state["config"].final_config_dict["time_span"]
     torch.save(to_plain_checkpoint(state), state_file)

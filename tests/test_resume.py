@@ -29,6 +29,16 @@ def interrupt_at_epoch(monkeypatch, epoch: int):
     return calls
 
 
+def interrupted_comparison(model, shared, out, monkeypatch):
+    """``--compare model`` (seed 5) into ``out``, Ctrl-C after the resume state before
+    epoch 1: ``(the command's arguments, the run's resume state)``."""
+    args = ["--compare", model, "--dataset=tiny", "--seeds", "5", "--out", str(out)]
+    interrupt_at_epoch(monkeypatch, 1)
+    assert main([*args, *cli(shared)]) == 130
+    monkeypatch.undo()
+    return args, out / "partial" / f"{model}-seed5.resume.pth"
+
+
 def comparable(summary: dict) -> dict:
     """What must not change when a run is interrupted and resumed."""
     history = [
@@ -274,11 +284,7 @@ def test_a_run_continued_on_another_machine_records_what_decided_each_segment(
     shared = {k: v for k, v in small_config.items() if k != "seed"} | {"epochs": 3}
     shared["torch_threads"] = 1
     out = tmp_path / "cmp"
-    args = ["--compare", "SASRec", "--dataset=tiny", "--seeds", "5", "--out", str(out)]
-    interrupt_at_epoch(monkeypatch, 1)
-    assert main([*args, *cli(shared)]) == 130
-    monkeypatch.undo()
-    state_file = out / "partial" / "SASRec-seed5.resume.pth"
+    args, state_file = interrupted_comparison("SASRec", shared, out, monkeypatch)
     state = load_checkpoint(state_file)
     (first,) = state["environments"]
     assert first["device"] == "cpu" and first["torch_threads"] == 1
