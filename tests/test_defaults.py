@@ -50,7 +50,7 @@ def test_a_denoisers_backbone_decides_the_settings_left_unset(small_config, back
         "TiSASRec": (0, True, 0.0),
     }[backbone]
     users = model.embedding.user_embedding
-    seen = (users.embedding_dim if users else 0, model.relations is not None, model.sse_user_prob)
+    seen = (users.embedding_dim if users else 0, model.relations is not None, model.sse.user_prob)
     assert seen == expected
 
 

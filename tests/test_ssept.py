@@ -16,7 +16,7 @@ from conftest import (
     prepare,
 )
 from recbole_freq.model import BASELINES, MODELS, SSEPT, RecDenoiser
-from recbole_freq.model.abstract_recommender import stochastic_shared
+from recbole_freq.model.personal import stochastic_shared
 from recbole_freq.quick_start.quick_start import run
 
 NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attn_dropout_prob": 0.0}
@@ -115,7 +115,7 @@ def test_ssept_is_a_baseline_with_the_authors_settings(small_config):
     model = SSEPT(config, train._dataset)
     assert model.embedding.item_embedding.embedding_dim == 50
     assert model.embedding.user_embedding.embedding_dim == 50
-    assert (model.sse_user_prob, model.sse_item_prob) == (0.92, 0.1)
+    assert (model.sse.user_prob, model.sse.item_prob) == (0.92, 0.1)
 
 
 @pytest.mark.parametrize(
@@ -140,7 +140,7 @@ def test_recdenoiser_on_ssept_with_all_ones_masks_is_ssept(small_config):
     overrides = dict(shared, backbone="SSE-PT", sparsity_beta=0.0, jacobian_gamma=0.0)
     config, train, _, test = prepare("RecDenoiser", overrides)
     denoiser = RecDenoiser(config, train._dataset)
-    assert denoiser.personalised and (denoiser.sse_user_prob, denoiser.sse_item_prob) == (
+    assert denoiser.personalised and (denoiser.sse.user_prob, denoiser.sse.item_prob) == (
         0.92,
         0.1,
     )
@@ -149,3 +149,30 @@ def test_recdenoiser_on_ssept_with_all_ones_masks_is_ssept(small_config):
     assert_all_ones_masks_give_the_backbone(denoiser, plain, first_batch(test))
     summary = run("RecDenoiser", "tiny", cmd_overrides=dict(small_config, backbone="SSE-PT"))
     assert summary["epochs_run"] == 2 and summary["model_report"]["learned_masks"]
+
+
+@pytest.mark.parametrize("jacobian_gamma", [0.0, 0.1])
+def test_training_scores_are_eq_5_for_a_loss_that_is_not_shift_invariant(
+    small_config, jacobian_gamma
+):
+    """Rec-Denoiser's BCE (eq. 4) on SSE-PT trains on the scores full-sort ranks by:
+    ``<h_t, [v_l; u_i]>`` with the user term counted once (it once was read out twice
+    without the Jacobian term, which CE and BPR cannot see, BCE can)."""
+    overrides = dict(
+        small_config,
+        backbone="SSE-PT",
+        loss_type="BCE",
+        jacobian_gamma=jacobian_gamma,
+        train_neg_sample_args={"distribution": "uniform", "sample_num": 1},
+    )
+    config, train, _, _ = prepare("RecDenoiser", overrides)
+    model = RecDenoiser(config, train._dataset).eval()
+    batch = first_batch(train)
+    with torch.no_grad():
+        losses = model.training_pass(batch).contributions * len(batch)
+        scores = model.full_sort_predict(batch)
+    rows = torch.arange(len(batch))
+    positive = scores[rows, batch[model.POS_ITEM_ID]]
+    negative = scores[rows, batch[model.NEG_ITEM_ID]]
+    expected = torch.nn.functional.softplus(-positive) + torch.nn.functional.softplus(negative)
+    torch.testing.assert_close(losses, expected)

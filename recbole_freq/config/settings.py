@@ -125,9 +125,27 @@ def _keys_in_source(model_class: type) -> frozenset[str]:
         except (OSError, TypeError):
             continue
     if model_class.__module__.startswith("recbole_freq."):
-        from recbole_freq.model import denoising, encoder, frequency, layers, objectives, polynomial
+        from recbole_freq.model import (
+            denoising,
+            encoder,
+            frequency,
+            layers,
+            objectives,
+            personal,
+            polynomial,
+            temporal,
+        )
 
-        for core in (layers, encoder, frequency, polynomial, denoising, objectives):
+        for core in (
+            layers,
+            encoder,
+            frequency,
+            polynomial,
+            denoising,
+            objectives,
+            personal,
+            temporal,
+        ):
             keys |= _keys_read_in(inspect.getsource(core))
     return frozenset(keys)
 

@@ -11,13 +11,10 @@ from torch import nn
 
 from recbole_freq.model.encoder import ATTENTION_OPERATORS, RESIDUAL_PATHS, build_encoder
 from recbole_freq.model.layers import (
-    SEQUENCE_LAYOUTS,
     SequenceEmbedding,
+    SequenceLayout,
     build_attention_mask,
-    gather_positions,
     init_weights,
-    left_alignment,
-    sequence_extent,
 )
 from recbole_freq.model.mask_training import LearnedMaskTraining
 from recbole_freq.model.objectives import (
@@ -26,43 +23,11 @@ from recbole_freq.model.objectives import (
     component_regularisation,
     pair_losses,
 )
-from recbole_freq.model.temporal import (
-    TimeIntervalRelations,
-    interval_time_field,
-    report_interval_times,
-)
-from recbole_freq.utils.options import as_number, setting
+from recbole_freq.model.personal import SSEPTInputs
+from recbole_freq.model.temporal import TimeIntervalInputs
+from recbole_freq.utils.options import setting
 
 LOSS_TYPES = ("CE", "BPR")
-
-
-def probability(value, name: str) -> float:
-    """A probability in [0, 1), or a one-line error naming the setting."""
-    number = as_number(value)
-    if isinstance(value, bool) or not 0.0 <= number < 1.0:
-        raise ValueError(f"{name}={value!r} must be a probability in [0, 1) (0: off)")
-    return number
-
-
-def stochastic_shared(ids: torch.Tensor, prob: float, n_ids: int) -> torch.Tensor:
-    """SSE-SE (Wu et al., NeurIPS 2019), as SSE-PT's sampler applies it: each id replaced
-    with probability ``prob`` by one drawn uniformly from ``1 .. n_ids - 1`` (torch's
-    global generator)."""
-    replace = torch.rand(ids.shape, device=ids.device) < prob
-    random_ids = torch.randint(1, n_ids, ids.shape, device=ids.device)
-    return torch.where(replace, random_ids, ids)
-
-
-def sequence_layout(config) -> str:
-    """The run's ``sequence_layout`` (a protocol piece, ``recbole_freq.protocol``):
-    ``right`` (RecBole's padding) when unset, as in configurations stored before the
-    piece existed."""
-    layout = config["sequence_layout"] or SEQUENCE_LAYOUTS[0]  # the piece's default
-    if layout not in SEQUENCE_LAYOUTS:
-        raise ValueError(
-            f"sequence_layout={layout!r} is unknown; choose one of {', '.join(SEQUENCE_LAYOUTS)}"
-        )
-    return layout
 
 
 @functools.cache
@@ -86,23 +51,17 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
     """Embedding (BSARec eq. 4) -> configurable Transformer encoder -> dot-product scores.
 
     Scores follow BSARec eq. 10 (``e_v^T X^L`` at the position of the newest item); the
-    loss is cross-entropy over all items (eq. 11) or BPR with sampled negatives, as in RecBole's SASRec.  Subclasses choose the token mixer
-    and add their own encoder settings in ``encoder_settings``.
+    loss is cross-entropy over all items (eq. 11) or BPR with sampled negatives, as in
+    RecBole's SASRec.  Subclasses choose the token mixer and add their own encoder
+    settings in ``encoder_settings``.
 
-    ``time_intervals: True`` gives every attention layer TiSASRec's position and
-    time-interval embeddings in its keys and values (``temporal``; ``time_span`` k),
-    read from the rows' timestamps (``sequence_inputs``); ``input_position_embedding:
-    False`` leaves positions out of the input embedding, as TiSASRec does.
-
-    ``sequence_layout`` says where a sequence's items sit among the ``n`` positions the
-    encoder sees (position embeddings, the attention mask, the frequency filters that mix
-    every position): ``right``, RecBole's, items at ``0 .. length - 1`` and padding
-    after them; ``left``, the BSARec / FMLP-Rec / SASRec authors' (``[0] * pad_len +
-    input_ids``), padding first and the newest item at ``n - 1``.  RecBole's loaders
-    always give right-padded rows; with ``left`` the encoder re-lays each row on the
-    way in and its outputs back on the way out (``encoder_layout``), so every reader of
-    the outputs (the last position at ``item_seq_len - 1``, per-position targets,
-    augmentations) keeps RecBole's layout.
+    Parts any model takes by configuration, each in its paper's module:
+    ``self.sse`` (``personal.SSEPTInputs``: SSE-PT's user embedding and stochastic
+    shared embeddings), ``self.time_inputs`` and ``self.relations``
+    (``temporal.TimeIntervalInputs``: TiSASRec's timestamps and key-value embeddings,
+    ``time_intervals: True``), ``self.layout`` (``layers.SequenceLayout``: RecBole's or
+    the authors' padding, ``sequence_layout``) and Rec-Denoiser's mask training
+    (``mask_training.LearnedMaskTraining``, for ``attention_operator: denoise``).
     """
 
     token_mixer = "self_attention"
@@ -125,31 +84,13 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
                 "recbole.config.Config (README, 'RecBole's own pipeline')"
             )
         super().__init__(config, dataset)
+        name, unavailable = type(self).__name__, self.extra_inputs_unavailable
         self.hidden_size = config["hidden_size"]
-        self.sequence_layout = sequence_layout(config)
+        self.layout = SequenceLayout.from_config(config)
+        self.sequence_layout = self.layout.name
         self.initializer_range = setting(config, "initializer_range")
-        self.loss_type = setting(config, "loss_type")
-        if self.loss_type not in self.loss_types:
-            raise ValueError(
-                f"loss_type={self.loss_type!r} is unknown; choose from {list(self.loss_types)}"
-            )
-        if (
-            self.loss_type != "CE"
-            and self.needs_sampled_negatives
-            and config["train_neg_sample_args"]["distribution"] == "none"
-        ):
-            raise ValueError(
-                f"loss_type={self.loss_type!r} needs sampled negatives: set "
-                "train_neg_sample_args: {distribution: uniform, sample_num: 1}"
-            )
-        user_size = self.user_embedding_size(config)
-        self.sse_user_prob = probability(setting(config, "sse_user_prob"), "sse_user_prob")
-        self.sse_item_prob = probability(setting(config, "sse_item_prob"), "sse_item_prob")
-        if self.sse_user_prob and not user_size:
-            raise ValueError(
-                f"sse_user_prob={self.sse_user_prob} replaces user embeddings, and the model "
-                "has none: set user_embedding_size > 0 (SSE-PT) or sse_user_prob: 0"
-            )
+        self.check_loss_type(config)
+        self.sse = SSEPTInputs.from_config(config, name, unavailable)
         self.embedding = SequenceEmbedding(
             self.n_items + self.extra_item_tokens,
             self.max_seq_length,
@@ -157,10 +98,14 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
             config["hidden_dropout_prob"],
             config["layer_norm_eps"],
             positions=bool(setting(config, "input_position_embedding")),
-            n_users=dataset.user_num if user_size else 0,
-            user_size=user_size,
+            n_users=dataset.user_num if self.sse.personalised else 0,
+            user_size=self.sse.user_size,
         )
-        self.relations = self.build_relations(config, dataset)
+        self.time_inputs = TimeIntervalInputs.from_config(config, dataset, name, unavailable)
+        times = self.time_inputs
+        self.TIME_SEQ = times.seq_field if times else None
+        self.INTERVAL_TIME_FIELD = times.field if times else None
+        self.relations = times.relations(config, self.max_seq_length) if times else None
         self.encoder = build_encoder(
             **self.encoder_settings(config), key_value_relations=self.relations is not None
         )
@@ -175,65 +120,37 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
         self.build_head(config)
         self.apply(lambda module: init_weights(module, self.initializer_range))
 
+    def check_loss_type(self, config) -> None:
+        self.loss_type = setting(config, "loss_type")
+        if self.loss_type not in self.loss_types:
+            raise ValueError(
+                f"loss_type={self.loss_type!r} is unknown; choose from {list(self.loss_types)}"
+            )
+        if (
+            self.loss_type != "CE"
+            and self.needs_sampled_negatives
+            and config["train_neg_sample_args"]["distribution"] == "none"
+        ):
+            raise ValueError(
+                f"loss_type={self.loss_type!r} needs sampled negatives: set "
+                "train_neg_sample_args: {distribution: uniform, sample_num: 1}"
+            )
+
     def build_head(self, config) -> None:
         """Output layers beyond the item embedding (none by default)."""
-
-    def user_embedding_size(self, config) -> int:
-        """``user_embedding_size`` (SSE-PT's user part of the input; 0: none, ``half``:
-        half of ``hidden_size``), checked."""
-        size = setting(config, "user_embedding_size")
-        if size == "half":  # SSE-PT's split: as many user as item dimensions
-            size = config["hidden_size"] // 2
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ValueError(
-                f"user_embedding_size={size!r} must be an integer >= 0 (0: no user embedding) "
-                "or half"
-            )
-        if size and self.extra_inputs_unavailable:
-            raise ValueError(
-                f"user_embedding_size={size} is not available for {type(self).__name__}: "
-                f"{self.extra_inputs_unavailable}"
-            )
-        return size
 
     @property
     def personalised(self) -> bool:
         """Whether inputs and scores carry a user embedding (SSE-PT)."""
-        return self.embedding.user_embedding is not None
-
-    def build_relations(self, config, dataset) -> TimeIntervalRelations | None:
-        """TiSASRec's key and value embeddings when ``time_intervals`` is on; checks that
-        the rows carry timestamps and says when they only order the interactions."""
-        enabled = setting(config, "time_intervals")
-        if enabled not in (True, False):
-            raise ValueError(f"time_intervals={enabled!r} must be True or False")
-        self.TIME_SEQ = self.INTERVAL_TIME_FIELD = None
-        if not enabled:
-            return None
-        name = type(self).__name__
-        if self.extra_inputs_unavailable:
-            raise ValueError(
-                f"time_intervals=True is not available for {name}: {self.extra_inputs_unavailable}"
-            )
-        self.INTERVAL_TIME_FIELD = interval_time_field(config, dataset)
-        self.TIME_SEQ = f"{self.INTERVAL_TIME_FIELD}{config['LIST_SUFFIX']}"
-        report_interval_times(name, config, dataset, self.INTERVAL_TIME_FIELD)
-        return TimeIntervalRelations(
-            self.max_seq_length,
-            setting(config, "time_span"),
-            self.hidden_size,
-            config["n_heads"],
-            config["hidden_dropout_prob"],
-        )
+        return self.sse.personalised
 
     def sequence_inputs(self, interaction) -> dict:
         """What the encoder reads from a batch besides the item sequence: the rows'
         timestamps with ``time_intervals`` (``time_seq``) and their users when
-        personalised (``users``; in training each replaced by a random user with
-        probability ``sse_user_prob``, SSE-PT's stochastic shared embeddings)."""
+        personalised (``users``, in training SSE-PT's stochastic shared users)."""
         inputs = {}
         for wanted, field, needed in (
-            (self.relations is not None, self.TIME_SEQ, "time_intervals=True"),
+            (self.time_inputs is not None, self.TIME_SEQ, "time_intervals=True"),
             (self.personalised, self.USER_ID, "user_embedding_size > 0"),
         ):
             if wanted and field not in interaction:
@@ -241,15 +158,11 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
                     f"{type(self).__name__} with {needed} needs the rows' {field}, which "
                     "this batch lacks"
                 )
-        if self.relations is not None:
+        if self.time_inputs is not None:
             inputs["time_seq"] = interaction[self.TIME_SEQ]
         if self.personalised:
-            users = interaction[self.USER_ID]
-            if self.training and self.sse_user_prob > 0:
-                users = stochastic_shared(
-                    users, self.sse_user_prob, self.embedding.user_embedding.num_embeddings
-                )
-            inputs["users"] = users
+            n_users = self.embedding.user_embedding.num_embeddings
+            inputs["users"] = self.sse.users(interaction[self.USER_ID], n_users, self.training)
         return inputs
 
     def encoder_settings(self, config) -> dict:
@@ -279,31 +192,21 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
     @property
     def item_scores_weight(self) -> torch.Tensor:
         """The embeddings items are scored with: the catalogue's, without the extra
-        tokens (a ``[mask]``) that only inputs use.  Personalised, each gets a last entry
-        1 that ``readout``'s user term meets: ``<h, [e_i; u]> = <[h_I, <h_U, u>], [e_i;
-        1]>``."""
-        weight = self.item_embedding.weight[: self.n_items]
-        if self.personalised:
-            weight = torch.cat([weight, weight.new_ones(self.n_items, 1)], dim=1)
-        return weight
+        tokens (a ``[mask]``) that only inputs use (personalised, SSE-PT's eq. 5:
+        ``SSEPTInputs.score_weight``)."""
+        return self.sse.score_weight(self.item_embedding.weight[: self.n_items])
 
     def readout(self, hidden: torch.Tensor, users=None, **_) -> torch.Tensor:
         """What each position scores items with, by the dot product with
-        ``item_scores_weight``: the hidden state, or, personalised, ``[h_I, <h_U, u>]``
-        (SSE-PT scores ``<h, [e_i; u]>``, the user's embedding in the item's)."""
+        ``item_scores_weight``: the hidden state, or, personalised, SSE-PT's
+        ``[h_I, <h_U, u>]``."""
         if not self.personalised:
             return hidden
-        item_size = self.item_embedding.embedding_dim
-        user = self.embedding.user_embedding(users)
-        if hidden.dim() == 3:
-            user = user[:, None, :]
-        user_term = (hidden[..., item_size:] * user).sum(-1, keepdim=True)
-        return torch.cat([hidden[..., :item_size], user_term], dim=-1)
+        return self.sse.readout(hidden, self.embedding.user_embedding(users))
 
     def encoder_inputs(self, item_seq: torch.Tensor, time_seq=None, users=None):
-        """``(embedded sequence, attention mask, key-value relations or None)``; in
-        training, each input item is replaced by a random one with probability
-        ``sse_item_prob`` (stochastic shared embeddings, SSE-PT)."""
+        """``(embedded sequence, attention mask, key-value relations or None)`` of rows
+        in the encoder's layout; in training SSE-PT's stochastic shared items."""
         mask = build_attention_mask(item_seq, self.bidirectional)
         relations = None
         if self.relations is not None:
@@ -318,37 +221,24 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
                 f"{type(self).__name__} with user_embedding_size > 0 needs users, the rows' "
                 f"{self.USER_ID}: see sequence_inputs"
             )
-        inputs = item_seq
-        if self.training and self.sse_item_prob > 0:
-            replaced = stochastic_shared(item_seq, self.sse_item_prob, self.n_items)
-            inputs = torch.where(item_seq > 0, replaced, item_seq)
+        inputs = self.sse.items(item_seq, self.n_items, self.training)
         return self.embedding(inputs, users), mask, relations
 
-    def encoder_layout(self, item_seq: torch.Tensor, inputs: dict):
-        """``(item_seq, inputs, to_right)``: the batch in the encoder's
-        ``sequence_layout``, and the gather index that puts the encoder's outputs back in
-        RecBole's right-padded layout (None when the two layouts are the same)."""
-        if self.sequence_layout == "right":
-            return item_seq, inputs, None
-        to_left, to_right = left_alignment(sequence_extent(item_seq), item_seq.size(1))
-        inputs = dict(inputs)
-        if inputs.get("time_seq") is not None:
-            inputs["time_seq"] = inputs["time_seq"].gather(1, to_left)
-        return item_seq.gather(1, to_left), inputs, to_right
-
-    @staticmethod
-    def in_data_layout(hidden: torch.Tensor, to_right) -> torch.Tensor:
-        return hidden if to_right is None else gather_positions(hidden, to_right)
+    def encoder_pass(self, item_seq: torch.Tensor, output_all_layers: bool, inputs: dict):
+        """``(embedded input, encoder output, to_right)``: the encoder's input and
+        output (every layer's with ``output_all_layers``) in its own layout, and the
+        index that puts outputs back in RecBole's (``SequenceLayout.to_data``)."""
+        laid, time_seq, to_right = self.layout.to_encoder(item_seq, inputs.get("time_seq"))
+        embedded, mask, relations = self.encoder_inputs(laid, time_seq, inputs.get("users"))
+        return embedded, self.encoder(embedded, mask, output_all_layers, relations), to_right
 
     def encode(self, item_seq: torch.Tensor, output_all_layers: bool = False, **inputs):
         """Every position's ``readout`` of the last layer (or all layers' hidden
         states), in RecBole's layout; ``inputs`` are ``sequence_inputs`` of the batch."""
-        laid, laid_inputs, to_right = self.encoder_layout(item_seq, inputs)
-        embedded, mask, relations = self.encoder_inputs(laid, **laid_inputs)
-        outputs = self.encoder(embedded, mask, output_all_layers, relations)
+        _, outputs, to_right = self.encoder_pass(item_seq, output_all_layers, inputs)
         if output_all_layers:
-            return [self.in_data_layout(hidden, to_right) for hidden in outputs]
-        return self.readout(self.in_data_layout(outputs, to_right), **inputs)
+            return [self.layout.to_data(hidden, to_right) for hidden in outputs]
+        return self.readout(self.layout.to_data(outputs, to_right), **inputs)
 
     def forward(self, item_seq: torch.Tensor, item_seq_len: torch.Tensor, **inputs):
         return self.gather_indexes(self.encode(item_seq, **inputs), item_seq_len - 1)
@@ -391,8 +281,9 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
         extra = self.sequence_inputs(interaction)
         if self.objective.needs_block_states:
             inputs, outputs = self.run_encoder(item_seq, **extra)
-        else:
-            inputs, outputs = (), [self.encode(item_seq, **extra)]
+        else:  # the last layer's hidden states, read out once below
+            _, hidden, to_right = self.encoder_pass(item_seq, False, extra)
+            inputs, outputs = (), [self.layout.to_data(hidden, to_right)]
         seq_output = self.gather_indexes(outputs[-1], interaction[self.ITEM_SEQ_LEN] - 1)
         seq_output = self.readout(seq_output, **extra)
         pos_items = interaction[self.POS_ITEM_ID]
@@ -411,10 +302,8 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
         the inputs as the blocks received them (the Jacobian regulariser differentiates
         with respect to them), the outputs in RecBole's layout (where the rows' real
         positions and the last position ``item_seq_len - 1`` are)."""
-        laid, laid_inputs, to_right = self.encoder_layout(item_seq, inputs)
-        embedded, mask, relations = self.encoder_inputs(laid, **laid_inputs)
-        outputs = self.encoder(embedded, mask, True, relations)
-        return [embedded, *outputs[:-1]], [self.in_data_layout(h, to_right) for h in outputs]
+        embedded, outputs, to_right = self.encoder_pass(item_seq, True, inputs)
+        return [embedded, *outputs[:-1]], [self.layout.to_data(h, to_right) for h in outputs]
 
     @staticmethod
     def pointwise_losses(loss_type, pos_score, neg_score=None, logits=None, targets=None):

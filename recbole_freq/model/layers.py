@@ -105,6 +105,48 @@ def gather_positions(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return tensor.gather(1, shaped)
 
 
+@dataclass(frozen=True)
+class SequenceLayout:
+    """Where a sequence's items sit among the ``n`` positions the encoder sees (position
+    embeddings, the attention mask, the frequency filters that mix every position).
+
+    ``right``, RecBole's: items at ``0 .. length - 1`` and padding after them; ``left``,
+    the BSARec / FMLP-Rec / SASRec authors' (``[0] * pad_len + input_ids``): padding
+    first and the newest item at ``n - 1``.  RecBole's loaders always give right-padded
+    rows; with ``left`` the encoder re-lays each row on the way in (``to_encoder``) and
+    its outputs back on the way out (``to_data``), so every reader of the outputs (the
+    last position at ``item_seq_len - 1``, per-position targets, augmentations) keeps
+    RecBole's layout."""
+
+    name: str = SEQUENCE_LAYOUTS[0]
+
+    @classmethod
+    def from_config(cls, config) -> SequenceLayout:
+        """The run's ``sequence_layout`` (a protocol piece): ``right`` when unset, as in
+        configurations stored before the piece existed."""
+        name = config["sequence_layout"] or SEQUENCE_LAYOUTS[0]
+        if name not in SEQUENCE_LAYOUTS:
+            raise ValueError(
+                f"sequence_layout={name!r} is unknown; choose one of {', '.join(SEQUENCE_LAYOUTS)}"
+            )
+        return cls(name)
+
+    def to_encoder(self, item_seq: torch.Tensor, time_seq=None):
+        """``(item_seq, time_seq, to_right)``: the rows in this layout, and the gather
+        index that puts the encoder's outputs back in RecBole's (None when the two are
+        the same)."""
+        if self.name == "right":
+            return item_seq, time_seq, None
+        to_left, to_right = left_alignment(sequence_extent(item_seq), item_seq.size(1))
+        if time_seq is not None:
+            time_seq = time_seq.gather(1, to_left)
+        return item_seq.gather(1, to_left), time_seq, to_right
+
+    @staticmethod
+    def to_data(hidden: torch.Tensor, to_right) -> torch.Tensor:
+        return hidden if to_right is None else gather_positions(hidden, to_right)
+
+
 class SequenceEmbedding(nn.Module):
     """Embedding layer, BSARec eq. 4: ``E = Dropout(LayerNorm(M[s] + P))``.
 

@@ -5,7 +5,7 @@ classes do not say: ``every_position_output`` (the output at every position, for
 SASRec's per-position training), and under ``sequence_layout: left`` the authors' layout.
 
 The plugin's models re-lay rows inside their encoder
-(``TransformerRecommender.encoder_layout``).  RecBole's built-ins cannot be changed
+(``TransformerRecommender.layout``, ``layers.SequenceLayout``).  RecBole's built-ins cannot be changed
 inside, so they get the authors' layout through their input: the subclass's ``forward``
 moves each row's items to the end of the row (padding first, the newest item at
 position ``n - 1``) and passes ``item_seq_len = n``, so that the model's own
@@ -20,8 +20,13 @@ from __future__ import annotations
 
 import torch
 
-from recbole_freq.model.abstract_recommender import TransformerRecommender, sequence_layout
-from recbole_freq.model.layers import gather_positions, left_alignment, sequence_extent
+from recbole_freq.model.abstract_recommender import TransformerRecommender
+from recbole_freq.model.layers import (
+    SequenceLayout,
+    gather_positions,
+    left_alignment,
+    sequence_extent,
+)
 
 # How each built-in's forward reads a row (RecBole 1.2.1):
 # - "lengths": forward(item_seq, item_seq_len), item_seq_len used only in
@@ -85,7 +90,7 @@ def builtin_class(model_class, config):
     re-laid from outside.  Any other model (a general one) is RecBole's class."""
     from recbole.model.abstract_recommender import SequentialRecommender
 
-    layout = sequence_layout(config)
+    layout = SequenceLayout.from_config(config).name
     if issubclass(model_class, TransformerRecommender) or not issubclass(
         model_class, SequentialRecommender
     ):

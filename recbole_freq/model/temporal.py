@@ -38,12 +38,14 @@ measures that on a dataset.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
 from recbole_freq.model.layers import Dropout, KeyValueRelations
+from recbole_freq.utils.options import setting
 
 
 def time_interval_matrix(time_seq, item_seq, time_span: int) -> torch.Tensor:
@@ -185,3 +187,42 @@ def evenly_spaced_users(dataset, field=None) -> tuple[int, int]:
     uneven = np.unique(gap_users[gaps != gaps[first][inverse]])
     eligible = np.flatnonzero(np.bincount(users) >= 3)
     return len(np.setdiff1d(eligible, uneven)), len(eligible)
+
+
+@dataclass(frozen=True)
+class TimeIntervalInputs:
+    """What TiSASRec's attention reads from a batch besides the items: each row's
+    timestamps, ``time_seq`` (section 3.2), from ``field`` (``interval_time_field``).
+
+    One part of every ``TransformerRecommender`` with ``time_intervals: True``; its
+    ``relations`` are the key and value embeddings every attention layer adds (eq. 4-5).
+    """
+
+    field: str
+    seq_field: str
+
+    @classmethod
+    def from_config(cls, config, dataset, model_name: str, unavailable: str):
+        """The part when ``time_intervals`` is on (None when off), the rows checked to
+        carry timestamps and the log told where the intervals come from."""
+        enabled = setting(config, "time_intervals")
+        if enabled not in (True, False):
+            raise ValueError(f"time_intervals={enabled!r} must be True or False")
+        if not enabled:
+            return None
+        if unavailable:
+            raise ValueError(
+                f"time_intervals=True is not available for {model_name}: {unavailable}"
+            )
+        field = interval_time_field(config, dataset)
+        report_interval_times(model_name, config, dataset, field)
+        return cls(field, f"{field}{config['LIST_SUFFIX']}")
+
+    def relations(self, config, max_seq_length: int) -> TimeIntervalRelations:
+        return TimeIntervalRelations(
+            max_seq_length,
+            setting(config, "time_span"),
+            config["hidden_size"],
+            config["n_heads"],
+            config["hidden_dropout_prob"],
+        )
