@@ -45,7 +45,7 @@ def data_folder(data_path: str | None, datasets: list[str], where: Path) -> Path
 
 
 def timed_grid(args, data: Path, out: Path, **execution) -> tuple[float, dict]:
-    from recbole_freq.jobs.compare import compare
+    from recbole_freq.jobs.compare import Execution, compare
 
     overrides = {
         "data_path": str(data),
@@ -60,7 +60,7 @@ def timed_grid(args, data: Path, out: Path, **execution) -> tuple[float, dict]:
     start = time.perf_counter()
     compare(
         args.models, args.datasets, seeds=args.seeds, overrides=overrides, out=out,
-        log=lambda line: print(line, flush=True), **execution,
+        log=lambda line: print(line, flush=True), execution=Execution(**execution),
     )  # fmt: skip
     seconds = time.perf_counter() - start
     import json

@@ -17,7 +17,7 @@ from recbole_freq.jobs.compare import (
     paired_p_value,
     summarise,
 )
-from recbole_freq.jobs.compare.execution import _check_ray_resources
+from recbole_freq.jobs.compare.execution import Execution, _check_ray_resources
 
 METRICS = ["hit@5", "hit@10", "hit@20", "ndcg@5", "ndcg@10", "ndcg@20"]
 
@@ -294,9 +294,8 @@ def test_ray_mode_runs_the_trials_as_tasks_with_the_same_results(small_config, t
         seeds=[3],
         overrides=overrides,
         out=tmp_path / "ray",
-        use_ray=True,
         # One worker process runs the tasks: a single torch/RecBole import keeps it fast.
-        cpus_per_run=float(threads),
+        execution=Execution(ray=True, cpus_per_run=float(threads)),
     )
     grid = [(dataset, "SASRec", 3) for dataset in ("tiny", "wide")]
     assert sorted(on_ray["trained"]) == grid
@@ -321,11 +320,11 @@ def test_ray_mode_runs_the_trials_as_tasks_with_the_same_results(small_config, t
 def test_ray_tasks_larger_than_a_local_instance_are_refused(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with pytest.raises(ComparisonError, match="cpus_per_run=4 but the Ray cluster has 2 CPU"):
-        _check_ray_resources({"CPU": 2.0}, {"cpus_per_run": 4.0}, True, print)
+        _check_ray_resources({"CPU": 2.0}, Execution(cpus_per_run=4.0), True, print)
     with pytest.raises(ComparisonError, match="gpus_per_run=1 but the Ray cluster has 0 GPU"):
-        _check_ray_resources({"CPU": 2.0}, {"cpus_per_run": 1.0, "gpus_per_run": 1.0}, True, print)
+        _check_ray_resources({"CPU": 2.0}, Execution(gpus_per_run=1.0), True, print)
     warnings = []
-    options = {"cpus_per_run": 4.0, "address": "ray://head:10001"}
+    options = Execution(ray=True, cpus_per_run=4.0, ray_address="ray://head:10001")
     _check_ray_resources({"CPU": 2.0}, options, True, warnings.append)
     assert warnings and "unless the cluster grows" in warnings[0]
 

@@ -10,7 +10,7 @@ import pytest
 
 from recbole_freq.cli import main
 from recbole_freq.cli.common import TIME_LIMIT_EXIT
-from recbole_freq.jobs.compare import compare
+from recbole_freq.jobs.compare import Execution, compare
 from recbole_freq.jobs.compare.grid import grid_csv_text, grid_markdown
 
 
@@ -106,7 +106,7 @@ def test_packed_runs_stop_at_the_time_limit_with_their_resume_states(small_confi
     overrides = overrides_of(small_config, epochs=400, stopping_step=1000)
     result = compare(
         "SASRec", "tiny", seeds="6,7", overrides=overrides, out=tmp_path / "cmp",
-        parallel=2, threads_per_run=1, time_limit=6, log=print,
+        execution=Execution(parallel=2, threads_per_run=1, time_limit=6), log=print,
     )  # fmt: skip
     assert not result["complete"] and not result["trained"]
     assert sorted(result["stopped"] + result["not_started"]) == [("SASRec", 6), ("SASRec", 7)]
@@ -121,7 +121,7 @@ def test_a_deterministic_packed_run_gets_the_threads_it_was_given(small_config, 
     overrides = overrides_of(small_config, epochs=1, deterministic=True)
     compare(
         "SASRec", "tiny", seeds="4", overrides=overrides, out=tmp_path / "cmp",
-        parallel=1, threads_per_run=2, log=print,
+        execution=Execution(parallel=1, threads_per_run=2), log=print,
     )  # fmt: skip
     summary = json.loads((tmp_path / "cmp" / "runs" / "SASRec-seed4.json").read_text())["summary"]
     assert summary["environment"]["torch_threads"] == 2

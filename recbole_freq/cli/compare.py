@@ -120,7 +120,7 @@ def add_execution_arguments(parser: argparse.ArgumentParser) -> None:
 def cli(argv: list[str]) -> int:
     parser = build_parser()
     args, overrides = parse_job_args(parser, argv)
-    from recbole_freq.jobs.compare import compare  # only now: it loads torch and RecBole
+    from recbole_freq.jobs.compare import Execution, compare  # only now: torch, RecBole
 
     try:
         result = compare(
@@ -132,17 +132,19 @@ def cli(argv: list[str]) -> int:
             out=args.out,
             baselines=args.baselines,
             metrics=args.metrics,
-            use_ray=args.ray,
             protocols=args.protocols,
             mixed_protocols=args.mixed_protocols,
             paper=args.paper,
             correction=args.correction,
-            cpus_per_run=args.cpus_per_run,
-            gpus_per_run=args.gpus_per_run,
-            ray_address=args.ray_address,
-            parallel=args.parallel,
-            threads_per_run=args.threads_per_run,
-            time_limit=args.time_limit,
+            execution=Execution(
+                parallel=args.parallel,
+                threads_per_run=args.threads_per_run,
+                time_limit=args.time_limit,
+                ray=args.ray,
+                ray_address=args.ray_address,
+                cpus_per_run=args.cpus_per_run,
+                gpus_per_run=args.gpus_per_run,
+            ),
         )
     except EXPECTED_ERRORS as error:
         return report_error(error)

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recbole_freq.jobs.compare.execution import (
+    Execution,
     Outcome,
     RunJob,
-    packing,
     run_on_ray,
     run_packed,
     run_sequential,
@@ -256,8 +256,7 @@ class Comparison:
     mixed_protocols: bool
     paper: bool
     correction: str
-    use_ray: bool  # False: trained one after the other in this process
-    ray_options: dict
+    execution: Execution
     log: Callable
     paper_models: list[str] = field(default_factory=list)
     references: dict = field(default_factory=dict)
@@ -307,17 +306,11 @@ def compare(
     out=None,
     baselines=None,
     metrics=None,
-    use_ray: bool = False,
     protocols=None,
     mixed_protocols: bool = False,
     paper: bool = False,
     correction: str = "holm",
-    cpus_per_run: float = 1.0,
-    gpus_per_run: float = 0.0,
-    ray_address: str | None = None,
-    parallel=None,
-    threads_per_run: int | None = None,
-    time_limit: float | None = None,
+    execution: Execution | None = None,
     log=print,
 ) -> dict:
     """Train ``models`` x ``seeds`` on ``dataset`` (skipping runs already stored in ``out``)
@@ -329,39 +322,33 @@ def compare(
     ``paper``: paper settings (``properties/paper/``) for the models that have them for
     the dataset, the denoisers' backbones sharing their denoiser's, under the protocol
     they name.  ``correction``: ``holm`` or ``bh`` for the per-user tests.
-    Runs go one after another here, or ``parallel`` at once on this machine with
-    ``threads_per_run`` threads each, or (``use_ray``) as Ray tasks of ``cpus_per_run`` /
-    ``gpus_per_run``; ``time_limit`` (seconds) stops each at an epoch boundary with its
-    resume state, and the same call continues it.
+    ``execution`` (``Execution``): one run after another here by default, packed onto
+    this machine or as Ray tasks, with or without a time limit.
     Returns ``rows`` (as in ``comparison.csv``), ``markdown``, ``files``, the
     ``trained``, ``skipped``, ``stopped`` and ``not_started`` runs (``(entry, seed)``;
     with several datasets ``(dataset, entry, seed)``), and ``complete``.  Steps:
     ``checked_request``, ``plan``, ``train_missing``, ``_results``.
     """
     datasets = _parse_list(dataset, "--dataset")
-    execution = _execution(use_ray, parallel, threads_per_run, time_limit)
-    execution["ray_options"] = dict(
-        address=ray_address, cpus_per_run=cpus_per_run, gpus_per_run=gpus_per_run
-    )
+    execution = execution or Execution()
+    execution.check()
+    execution.start_clock()
     base = Path(out) if out is not None else Path("comparisons") / "+".join(datasets)
     comparisons = [
         checked_request(
             Comparison(
                 models, name, seeds, config_files, overrides,
                 base if len(datasets) == 1 else base / name, baselines, protocols,
-                mixed_protocols, paper, correction, use_ray, execution["ray_options"], log,
+                mixed_protocols, paper, correction, execution, log,
             ),
             metrics,
         )
         for name in datasets
     ]  # fmt: skip
     for comparison in comparisons:
-        plan(comparison, metrics, time_limit is not None)
-    if execution["mode"] == "packed":
-        config = next(iter(comparisons[0].configs.values()))
-        execution["runs"], execution["threads"] = packing(
-            parallel, threads_per_run, config["device"].type == "cuda"
-        )
+        plan(comparison, metrics)
+    config = next(iter(comparisons[0].configs.values()))
+    execution.pack(gpu=config["device"].type == "cuda")
     locks = []
     try:
         for folder in [base] + [c.out for c in comparisons if c.out != base]:
@@ -374,27 +361,6 @@ def compare(
     finally:
         for lock in locks:
             lock.release()
-
-
-def _execution(use_ray, parallel, threads_per_run, time_limit) -> dict:
-    """How the runs go, checked: ``mode`` (``sequential``, ``packed`` or ``ray``) and the
-    time limit's ``deadline`` (packed runs' count and threads follow once the device is
-    known: ``execution.packing``)."""
-    import time
-
-    if use_ray and (parallel is not None or threads_per_run is not None):
-        raise ComparisonError(
-            "--parallel and --threads_per_run pack runs onto this machine; with --ray the "
-            "cluster packs them (--cpus_per_run, --gpus_per_run)"
-        )
-    if threads_per_run is not None and parallel is None:
-        raise ComparisonError("--threads_per_run sets the threads of --parallel runs")
-    if time_limit is not None and not time_limit > 0:
-        raise ComparisonError(f"--time_limit {time_limit}: give a positive duration")
-    return {
-        "mode": "ray" if use_ray else "sequential" if parallel is None else "packed",
-        "deadline": None if time_limit is None else time.time() + time_limit,
-    }
 
 
 def checked_request(comparison: Comparison, metrics) -> Comparison:
@@ -438,13 +404,6 @@ def checked_request(comparison: Comparison, metrics) -> Comparison:
                 f"baseline(s) {', '.join(unknown)} are not among the compared models "
                 f"({', '.join(models)})"
             )
-    ray = comparison.ray_options
-    if not comparison.use_ray and (
-        ray["cpus_per_run"] != 1.0 or ray["gpus_per_run"] != 0.0 or ray["address"]
-    ):
-        raise ComparisonError("--cpus_per_run, --gpus_per_run and --ray_address need --ray")
-    if ray["cpus_per_run"] <= 0 or ray["gpus_per_run"] < 0:
-        raise ComparisonError("--cpus_per_run must be > 0 and --gpus_per_run >= 0")
     if comparison.out is None:
         comparison.out = Path("comparisons") / comparison.dataset
     comparison.out = Path(comparison.out)
@@ -452,10 +411,10 @@ def checked_request(comparison: Comparison, metrics) -> Comparison:
     return comparison
 
 
-def plan(comparison: Comparison, metrics, timed: bool = False) -> None:
+def plan(comparison: Comparison, metrics) -> None:
     """The paper settings, the run settings stored with the runs, every configuration
-    validated (``runs.validate``), the data's fingerprint and the metrics of the tables;
-    ``timed``: under a time limit (which data-parallel runs cannot keep)."""
+    validated (``runs.validate``), the data's fingerprint and the metrics of the tables
+    (a time limit, which data-parallel runs cannot keep, refused beside them)."""
     c = comparison
     if c.paper:
         c.paper_models, c.references = _paper_models(
@@ -476,12 +435,12 @@ def plan(comparison: Comparison, metrics, timed: bool = False) -> None:
     )  # fmt: skip
     config = next(iter(c.configs.values()))
     parallel = data_parallel_settings(config)
-    if c.use_ray and parallel is not None:
+    if c.execution.ray and parallel is not None:
         raise ComparisonError(
             "--ray runs the comparison's trainings side by side, one process each; nproc "
             "and world_size (data-parallel training) work without --ray"
         )
-    if parallel is not None and timed:
+    if parallel is not None and c.execution.time_limit is not None:
         raise ComparisonError(
             "--time_limit stops each run with its resume state, which data-parallel "
             "training (nproc, world_size) does not keep: give one or the other"
@@ -500,7 +459,7 @@ def plan(comparison: Comparison, metrics, timed: bool = False) -> None:
     c.dataset_sha256 = dataset_fingerprint(config)
 
 
-def train_missing(comparisons: list[Comparison], execution: dict) -> tuple[Outcome, list]:
+def train_missing(comparisons: list[Comparison], execution: Execution) -> tuple[Outcome, list]:
     """Train the runs of every comparison not yet stored in its output folder, as
     ``execution`` says; returns the ``Outcome`` and the skipped runs ``(dataset, entry,
     seed)``.  An interrupt says what is kept."""
@@ -516,16 +475,16 @@ def train_missing(comparisons: list[Comparison], execution: dict) -> tuple[Outco
                 jobs.append(job)
     if skipped:
         log(f"{len(skipped)} run(s) already stored: skipped")
-    deadline = execution["deadline"]
+    deadline = execution.deadline
     try:
         if not jobs:
             outcome = Outcome()
-        elif execution["mode"] == "ray":
-            outcome = run_on_ray(jobs, log, execution["ray_options"], deadline)
-        elif execution["mode"] == "packed":
-            log(f"{len(jobs)} run(s), {execution['runs']} at once, "
-                f"{execution['threads']} thread(s) each")  # fmt: skip
-            outcome = run_packed(jobs, log, execution["runs"], execution["threads"], deadline)
+        elif execution.mode == "ray":
+            outcome = run_on_ray(jobs, log, execution)
+        elif execution.mode == "packed":
+            log(f"{len(jobs)} run(s), {execution.runs} at once, "
+                f"{execution.threads} thread(s) each")  # fmt: skip
+            outcome = run_packed(jobs, log, execution.runs, execution.threads, deadline)
         else:
             outcome = run_sequential(jobs, log, deadline)
     except KeyboardInterrupt as interrupt:
@@ -655,6 +614,7 @@ __all__ = [
     "DEFAULT_SEEDS",
     "RESERVED_OVERRIDES",
     "ComparisonError",
+    "Execution",
     "compare",
     "csv_text",
     "improvement",

@@ -25,6 +25,57 @@ from recbole_freq.jobs.compare.runs import (
 from recbole_freq.jobs.ray_cluster import check_resources, import_ray, start_or_join
 
 
+@dataclass
+class Execution:
+    """How a comparison's runs go (``compare``'s ``execution``): one after another in
+    this process (the default); ``parallel`` at once on this machine (a number, or
+    ``auto``) with ``threads_per_run`` threads each; or, with ``ray``, as Ray tasks of
+    ``cpus_per_run`` / ``gpus_per_run`` on the cluster at ``ray_address`` (else
+    ``RAY_ADDRESS`` or a local instance).  ``time_limit`` (seconds) stops each run at an
+    epoch boundary with its resume state; the same call continues it."""
+
+    parallel: int | str | None = None
+    threads_per_run: int | None = None
+    time_limit: float | None = None
+    ray: bool = False
+    ray_address: str | None = None
+    cpus_per_run: float = 1.0
+    gpus_per_run: float = 0.0
+    deadline: float | None = field(default=None, init=False)
+    runs: int = field(default=1, init=False)  # at once, once ``pack`` knows the device
+    threads: int | None = field(default=None, init=False)
+
+    @property
+    def mode(self) -> str:
+        return "ray" if self.ray else "sequential" if self.parallel is None else "packed"
+
+    def check(self) -> None:
+        """``ComparisonError`` naming the first option that does not fit the others."""
+        if self.ray and (self.parallel is not None or self.threads_per_run is not None):
+            raise ComparisonError(
+                "--parallel and --threads_per_run pack runs onto this machine; with --ray "
+                "the cluster packs them (--cpus_per_run, --gpus_per_run)"
+            )
+        if self.threads_per_run is not None and self.parallel is None:
+            raise ComparisonError("--threads_per_run sets the threads of --parallel runs")
+        if self.time_limit is not None and not self.time_limit > 0:
+            raise ComparisonError(f"--time_limit {self.time_limit}: give a positive duration")
+        ray_given = self.cpus_per_run != 1.0 or self.gpus_per_run != 0.0 or self.ray_address
+        if not self.ray and ray_given:
+            raise ComparisonError("--cpus_per_run, --gpus_per_run and --ray_address need --ray")
+        if self.cpus_per_run <= 0 or self.gpus_per_run < 0:
+            raise ComparisonError("--cpus_per_run must be > 0 and --gpus_per_run >= 0")
+
+    def start_clock(self) -> None:
+        if self.time_limit is not None:
+            self.deadline = time.time() + self.time_limit
+
+    def pack(self, gpu: bool) -> None:
+        """Packed runs' count and threads, once the device is known (``packing``)."""
+        if self.mode == "packed":
+            self.runs, self.threads = packing(self.parallel, self.threads_per_run, gpu)
+
+
 @dataclass(frozen=True)
 class RunJob:
     """One run of a comparison grid: an entry (a model, or a model under a protocol or
@@ -273,20 +324,20 @@ def _next_result(queue, running: dict) -> tuple[int, dict]:
                     return index, {"failed": f"its process ended with code {process.exitcode}"}
 
 
-def run_on_ray(jobs, log, ray_options: dict, deadline=None) -> Outcome:
+def run_on_ray(jobs, log, execution: Execution) -> Outcome:
     """Every run as a Ray task with ``cpus_per_run`` / ``gpus_per_run``; the cluster
     packs them (an existing one at ``address``, or a local instance)."""
     ray = import_ray("--ray", "ray[default]", ComparisonError)
-    started_here = start_or_join(ray, ray_options.get("address"), error=ComparisonError)
+    started_here = start_or_join(ray, execution.ray_address, error=ComparisonError)
     try:
-        _check_ray_resources(ray.cluster_resources(), ray_options, started_here, log)
+        _check_ray_resources(ray.cluster_resources(), execution, started_here, log)
     except ComparisonError:
         if started_here:
             ray.shutdown()
         raise
-    cpus = ray_options.get("cpus_per_run", 1.0)
+    cpus, deadline = execution.cpus_per_run, execution.deadline
     remote = ray.remote(train_job).options(
-        num_cpus=cpus, num_gpus=ray_options.get("gpus_per_run", 0.0), max_retries=0
+        num_cpus=cpus, num_gpus=execution.gpus_per_run, max_retries=0
     )
     workdir, threads = os.getcwd(), max(1, int(cpus))
     pending = {
@@ -313,14 +364,14 @@ def run_on_ray(jobs, log, ray_options: dict, deadline=None) -> Outcome:
     return outcome
 
 
-def _check_ray_resources(resources: dict, ray_options: dict, started_here: bool, log) -> None:
+def _check_ray_resources(resources: dict, execution: Execution, started_here: bool, log) -> None:
     """A run asking for more than the cluster has waits forever: refused on a local
     instance, a warning on a cluster (``ray_cluster.check_resources``)."""
     wanted = {
-        "CPU": (ray_options.get("cpus_per_run", 0.0), "cpus_per_run"),
-        "GPU": (ray_options.get("gpus_per_run", 0.0), "gpus_per_run"),
+        "CPU": (execution.cpus_per_run, "cpus_per_run"),
+        "GPU": (execution.gpus_per_run, "gpus_per_run"),
     }
-    local = not (ray_options.get("address") or os.environ.get("RAY_ADDRESS"))
+    local = not (execution.ray_address or os.environ.get("RAY_ADDRESS"))
     check_resources(resources, wanted, started_here, local, log, error=ComparisonError)
 
 
