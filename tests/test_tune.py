@@ -16,6 +16,7 @@ from recbole_freq.cli import main
 from recbole_freq.config.configurator import FreqConfig, properties_dir
 from recbole_freq.jobs.tune import (
     HyperFileError,
+    SearchOptions,
     TuneSetupError,
     distinct_combinations,
     grid_size,
@@ -207,7 +208,8 @@ def test_bad_search_requests_fail_before_ray_starts(tmp_path, small_config, text
             _hyper(tmp_path, text),
             config_dict={k: v for k, v in small_config.items() if k != text.split()[0]},
             storage_path=tmp_path / "results",
-            **kwargs,
+            cmd_overrides=kwargs.pop("cmd_overrides", None),
+            options=SearchOptions(**kwargs),
         )
 
 
@@ -476,7 +478,7 @@ def test_tuning_a_dataset_key_loads_the_data_in_each_trial(ray_session, small_co
         config_dict={k: v for k, v in small_config.items() if k != "MAX_ITEM_LIST_LENGTH"}
         | {"epochs": 1},
         storage_path=tmp_path / "results",
-        scheduler="none",
+        options=SearchOptions(scheduler="none"),
         verbose=0,
     )
     assert not summary["shared_dataset"]

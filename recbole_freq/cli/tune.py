@@ -109,7 +109,12 @@ def cli(argv: list[str]) -> int:
     parser = build_parser()
     args, overrides = parse_job_args(parser, argv)
     # Only now: the search loads torch, RecBole and Ray.
-    from recbole_freq.jobs.tune import TrialsFailedError, default_search_name, tune_model
+    from recbole_freq.jobs.tune import (
+        SearchOptions,
+        TrialsFailedError,
+        default_search_name,
+        tune_model,
+    )
 
     # Named here, so that an interrupt can name the search to resume.
     name = args.name or default_search_name(args.model, args.dataset)
@@ -124,18 +129,20 @@ def cli(argv: list[str]) -> int:
             config_files=split_config_files(args.config_files),
             cmd_overrides=overrides,
             paper=args.paper,
-            search=args.search,
-            num_samples=args.num_samples,
-            scheduler=args.scheduler,
-            grace_period=args.grace_period,
-            cpus_per_trial=args.cpus_per_trial,
-            gpus_per_trial=args.gpus_per_trial,
-            max_concurrent=args.max_concurrent,
+            options=SearchOptions(
+                search=args.search,
+                num_samples=args.num_samples,
+                scheduler=args.scheduler,
+                grace_period=args.grace_period,
+                max_concurrent=args.max_concurrent,
+                cpus_per_trial=args.cpus_per_trial,
+                gpus_per_trial=args.gpus_per_trial,
+                ray_address=args.ray_address,
+                num_cpus=args.num_cpus,
+            ),
             storage_path=args.storage_path,
             name=name,
             resume=args.resume,
-            ray_address=args.ray_address,
-            num_cpus=args.num_cpus,
             verbose=args.verbose,
         )
     except (*EXPECTED_ERRORS, TrialsFailedError) as error:

@@ -34,7 +34,12 @@ from recbole_freq.jobs.tune.hyper import (
     parse_hyper_lines,
 )
 from recbole_freq.jobs.tune.report import TrialsFailedError, rank_trials
-from recbole_freq.jobs.tune.search import SEARCHES, default_search_name, tune_model
+from recbole_freq.jobs.tune.search import (
+    SEARCHES,
+    SearchOptions,
+    default_search_name,
+    tune_model,
+)
 from recbole_freq.jobs.tune.trial import run_trial, trial_device_overrides
 from recbole_freq.jobs.tune.trusted_folder import TuneSetupError
 
@@ -42,6 +47,7 @@ __all__ = [
     "SEARCHES",
     "HyperFileError",
     "HyperParam",
+    "SearchOptions",
     "TrialsFailedError",
     "TuneSetupError",
     "default_search_name",

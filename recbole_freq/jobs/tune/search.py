@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from recbole_freq.config.configurator import check_name_component
@@ -43,6 +44,54 @@ UNTUNABLE_KEYS = {
 # Keys read while RecBole loads and filters the dataset (``create_dataset``): tuning one
 # of them means every trial loads its own dataset instead of the driver's shared one.
 EXTRA_DATASET_KEYS = {"data_path", "benchmark_filename", "MAX_ITEM_LIST_LENGTH", "seq_len"}
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How a search runs (``tune_model``'s ``options``; the flags of the same names).
+
+    ``search``: ``grid`` (the default for a discrete space without ``num_samples``),
+    ``random`` (the default otherwise, distinct combinations for discrete spaces),
+    ``optuna`` or ``hyperopt``; ``num_samples`` trials (10 unless grid).  ``scheduler``:
+    ``asha`` (stop poor trials on the validation metric after ``grace_period``
+    validation rounds) or ``none``.  Each trial takes ``cpus_per_trial`` /
+    ``gpus_per_trial``, at most ``max_concurrent`` at once.  ``ray_address`` (else
+    ``RAY_ADDRESS``) joins a running cluster; otherwise a local Ray with ``num_cpus``
+    CPUs is started and shut down at the end."""
+
+    search: str | None = None
+    num_samples: int | None = None
+    scheduler: str = "asha"
+    grace_period: int = 1
+    max_concurrent: int | None = None
+    cpus_per_trial: float = 1.0
+    gpus_per_trial: float = 0.0
+    ray_address: str | None = None
+    num_cpus: int | None = None
+
+    def checked(self, space) -> SearchOptions:
+        """The options with the search to run named; ``TuneSetupError`` for one out of
+        range."""
+        search = self.search
+        if search is None:
+            discrete = grid_size(space) is not None
+            search = "grid" if self.num_samples is None and discrete else "random"
+        if search not in SEARCHES:
+            raise TuneSetupError(f"unknown search {search!r}; use one of {', '.join(SEARCHES)}")
+        if self.scheduler not in ("asha", "none"):
+            raise TuneSetupError(f"unknown scheduler {self.scheduler!r}; use asha or none")
+        cpus, gpus = self.cpus_per_trial, self.gpus_per_trial
+        if cpus < 0 or gpus < 0 or cpus + gpus == 0:
+            raise TuneSetupError("a trial needs a positive --cpus_per_trial or --gpus_per_trial")
+        if gpus > 1 and gpus != int(gpus):
+            raise TuneSetupError("--gpus_per_trial above 1 must be a whole number")
+        if self.max_concurrent is not None and self.max_concurrent < 1:
+            raise TuneSetupError("--max_concurrent must be at least 1")
+        return replace(self, search=search)
+
+    @property
+    def asha_grace_period(self) -> int | None:
+        return self.grace_period if self.scheduler == "asha" else None
 
 
 def _validate_space(space, config, fixed):
@@ -181,30 +230,18 @@ def tune_model(
     config_dict=None,
     cmd_overrides=None,
     paper: bool = False,
-    search: str | None = None,
-    num_samples: int | None = None,
-    scheduler: str = "asha",
-    grace_period: int = 1,
-    cpus_per_trial: float = 1.0,
-    gpus_per_trial: float = 0.0,
-    max_concurrent: int | None = None,
+    options: SearchOptions | None = None,
     storage_path="ray_results",
     name: str | None = None,
     resume: bool = False,
-    ray_address: str | None = None,
-    num_cpus: int | None = None,
     verbose: int = 1,
 ) -> dict:
     """Search ``hyper_file``'s space for ``model`` on ``dataset`` with Ray Tune.
 
     ``config_files``/``config_dict``/``cmd_overrides`` set the fixed settings of every
-    trial, as for :func:`recbole_freq.quick_start.run`.  ``search``: ``grid`` (default
-    for a discrete space without ``num_samples``), ``random`` (default otherwise, distinct
-    combinations for discrete spaces), ``optuna`` or ``hyperopt``.  ``scheduler``:
-    ``asha`` (stop poor trials on the validation metric after ``grace_period``
-    validation rounds) or ``none``.  ``ray_address`` (else ``RAY_ADDRESS``) joins a
-    running cluster; otherwise a local Ray with ``num_cpus`` CPUs is started and shut
-    down at the end.  ``resume`` continues the interrupted search ``name``.
+    trial, as for :func:`recbole_freq.quick_start.run`.  ``options``
+    (``SearchOptions``): the searcher, scheduler, trial resources and Ray cluster.
+    ``resume`` continues the interrupted search ``name``.
 
     Returns a dict: ``experiment_dir``, ``metric``, ``mode``, ``trials`` (ranked rows),
     ``best`` (the best row), ``best_params``, ``table`` (markdown) and the written files
@@ -212,32 +249,31 @@ def tune_model(
     """
     ray = import_ray("hyperparameter search", "ray[tune]", TuneSetupError)
     space = parse_hyper_file(hyper_file)
-    search = _checked_search_options(
-        space, search, num_samples, scheduler, cpus_per_trial, gpus_per_trial, max_concurrent
-    )
+    options = (options or SearchOptions()).checked(space)
     config_files = [os.path.abspath(path) for path in config_files or []]
     config_dict = dict(config_dict or {})
     config, job = _trial_job(
         model, dataset, config_files, config_dict, cmd_overrides, paper, space,
-        grace_period if scheduler == "asha" else None,
+        options.asha_grace_period,
     )  # fmt: skip
     mode = "max" if config["valid_metric_bigger"] else "min"
     storage, name = _search_location(storage_path, name, config["model"], dataset)
     experiment_dir = storage / name
     spec = _job_spec(
-        model, dataset, config_files, config_dict, job["overrides"], paper, space, search
+        model, dataset, config_files, config_dict, job["overrides"], paper, space, options.search
     )
     _check_experiment_folder(experiment_dir, spec, resume)
     # Bad search options fail here, before the dataset is loaded and Ray is started.
-    seed = config["seed"]
-    searcher = _searcher(search, space, ("valid_score", mode), num_samples, max_concurrent, seed)
+    searcher = _searcher(
+        options.search, space, ("valid_score", mode), options.num_samples,
+        options.max_concurrent, config["seed"],
+    )  # fmt: skip
     shared = _shared_dataset(config, space)
     rounds = config["epochs"] // config["eval_step"]
-    asha = (rounds, grace_period) if scheduler == "asha" else None
+    asha = None if options.asha_grace_period is None else (rounds, options.grace_period)
     results, interrupted = _run_on_ray(
         ray, job, shared, searcher, mode, asha, (storage, name, experiment_dir, spec, resume),
-        dict(address=ray_address, num_cpus=num_cpus, cpus=cpus_per_trial, gpus=gpus_per_trial),
-        verbose,
+        options, verbose,
     )  # fmt: skip
     if interrupted:
         raise _interrupted(results, experiment_dir)
@@ -259,26 +295,6 @@ def _interrupted(results, experiment_dir):
         f"the search stopped: {finished} of the {started} trials started had finished "
         f"(tested or failed); the search's state is kept in {experiment_dir}"
     )
-
-
-def _checked_search_options(
-    space, search, num_samples, scheduler, cpus_per_trial, gpus_per_trial, max_concurrent
-) -> str:
-    """The search to run (``grid`` for a discrete space without ``num_samples``, else
-    ``random`` unless named); ``TuneSetupError`` for an option out of range."""
-    if search is None:
-        search = "grid" if num_samples is None and grid_size(space) is not None else "random"
-    if search not in SEARCHES:
-        raise TuneSetupError(f"unknown search {search!r}; use one of {', '.join(SEARCHES)}")
-    if scheduler not in ("asha", "none"):
-        raise TuneSetupError(f"unknown scheduler {scheduler!r}; use asha or none")
-    if cpus_per_trial < 0 or gpus_per_trial < 0 or cpus_per_trial + gpus_per_trial == 0:
-        raise TuneSetupError("a trial needs a positive --cpus_per_trial or --gpus_per_trial")
-    if gpus_per_trial > 1 and gpus_per_trial != int(gpus_per_trial):
-        raise TuneSetupError("--gpus_per_trial above 1 must be a whole number")
-    if max_concurrent is not None and max_concurrent < 1:
-        raise TuneSetupError("--max_concurrent must be at least 1")
-    return search
 
 
 def _trial_job(
@@ -393,15 +409,15 @@ def _shared_dataset(config, space):
     return create_dataset(config)
 
 
-def _run_on_ray(ray, job, shared, searcher, mode, asha, experiment, resources, verbose):
+def _run_on_ray(ray, job, shared, searcher, mode, asha, experiment, options, verbose):
     """Start or join Ray, check its resources, run the trials; ``(results,
     interrupted)``.  ``asha``: ``(validation rounds, grace period)`` or ``None``."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
-    address = resources["address"] or os.environ.get("RAY_ADDRESS") or None
-    started = start_or_join(ray, address, resources["num_cpus"], error=TuneSetupError)
-    cpus, gpus = resources["cpus"], resources["gpus"]
+    address = options.ray_address or os.environ.get("RAY_ADDRESS") or None
+    started = start_or_join(ray, address, options.num_cpus, error=TuneSetupError)
+    cpus, gpus = options.cpus_per_trial, options.gpus_per_trial
     try:
         check_resources(
             ray.cluster_resources(),
