@@ -88,7 +88,7 @@ def test_uni100_protocol_file(small_config):
 @pytest.mark.parametrize("model", ["RecDenoiser", "BERT4RecDenoiser"])
 def test_sampled_evaluation_encodes_each_sequence_once_with_the_same_scores(small_config, model):
     """A uni100 batch repeats each user's sequence once per candidate; the sampled scorer
-    that runs and tune install (``evaluation.SampledScorer``) encodes each distinct
+    the trainer uses (``protocol.sampled_scoring.SampledScorer``) encodes each distinct
     sequence once and must score exactly as ``predict`` row by row."""
     protocol = str(properties_dir() / "protocol" / "uni100.yaml")
     config = FreqConfig(model, "tiny", [protocol], cmd_overrides=small_config)
