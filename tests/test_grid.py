@@ -83,8 +83,11 @@ def test_time_limit_stops_runs_and_the_same_command_continues_them_exactly(
     )
     assert "Continue with:" in captured.err and "--time_limit" in captured.err
     assert not list((tmp_path / "limited" / "runs").glob("*.json"))
+    unfinished = (tmp_path / "limited" / "unfinished.md").read_text()
+    assert "Not started: " in unfinished and "SASRec, seed 5" in unfinished
 
     assert main(args) == 0
+    assert not (tmp_path / "limited" / "unfinished.md").exists()
     continued = capsys.readouterr().out
     assert "stopped" not in captured.out or (
         "start    SASRec on tiny, seed 4 (continues at epoch " in continued

@@ -309,3 +309,50 @@ def test_a_run_continued_on_another_machine_records_what_decided_each_segment(
     assert _finished_line(summary).endswith("; trained on cuda:0, then cpu")
     uninterrupted = run("SASRec", "tiny", config_dict=dict(shared, seed=5))
     assert uninterrupted["earlier_segments_environment"] == []
+
+
+def test_status_tables_unfinished_runs_from_their_resume_states_without_training(
+    small_config, tmp_path, monkeypatch, capsys
+):
+    """``--status`` trains nothing: a run stopped after two epochs is listed in
+    ``unfinished.md`` / ``.csv`` with its resume state's epochs, best epoch and validation
+    curve, a run never started is named, the exit code is 3 with the command that
+    continues; once every run is stored the files are gone."""
+    import csv
+
+    from recbole_freq.quick_start.resume import load_resume_state
+
+    shared = without_transformer_settings({k: v for k, v in small_config.items() if k != "seed"})
+    shared["epochs"] = 4
+    out = tmp_path / "cmp"
+    args = ["--compare", "SASRec", "--dataset=tiny", "--seeds", "5", "--out", str(out)]
+    interrupt_at_epoch(monkeypatch, 2)
+    assert main([*args, *cli(shared)]) == 130
+    monkeypatch.undo()
+    state_file = out / "partial" / "SASRec-seed5.resume.pth"
+    kept = state_file.read_bytes()
+    capsys.readouterr()
+
+    with_unstarted = [a if a != "5" else "5,6" for a in args]
+    assert main([*with_unstarted, "--status", *cli(shared)]) == 3
+    captured = capsys.readouterr()
+    assert "1 run(s) unfinished and 1 not started" in captured.err
+    assert "Continue with:" in captured.err and "--status" not in captured.err
+    assert state_file.read_bytes() == kept and not list((out / "runs").glob("*.json"))
+
+    state = load_resume_state(state_file)
+    history = state["history"]
+    scores = [epoch["valid_score"] for epoch in history]
+    best = max(history, key=lambda epoch: epoch["valid_score"])
+    markdown = (out / "unfinished.md").read_text()
+    assert markdown in captured.out and "Not started: SASRec, seed 6." in markdown
+    assert f"| SASRec | 5 | 2 | {best['epoch']} | {best['valid_score']:.4f} |" in markdown
+    assert ", ".join(f"{score:.4f}" for score in scores) in markdown
+    (row,) = csv.DictReader((out / "unfinished.csv").open())
+    assert row["epochs_stored"] == "2" and row["valid_metric"] == state["config"]["valid_metric"]
+    assert [float(s) for s in row["curve"].split(";")] == pytest.approx(scores)
+    assert float(row["valid_hit@10"]) == pytest.approx(best["valid"]["hit@10"])
+
+    assert main([*args, *cli(shared)]) == 0
+    assert (out / "comparison.md").is_file() and not state_file.exists()
+    assert not (out / "unfinished.md").exists() and not (out / "unfinished.csv").exists()

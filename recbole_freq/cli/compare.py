@@ -84,6 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="table runs made under different protocols anyway (each row names its own)",
     )
+    parser.add_argument(
+        "--status",
+        action="store_true",
+        help="train nothing: write the tables of the runs stored so far and, for the "
+        "others, unfinished.md (each one's epochs and validation scores from its resume "
+        "state); exit code 3 while runs remain",
+    )
     add_execution_arguments(parser)
     return parser
 
@@ -136,6 +143,7 @@ def cli(argv: list[str]) -> int:
             mixed_protocols=args.mixed_protocols,
             paper=args.paper,
             correction=args.correction,
+            status=args.status,
             execution=Execution(
                 parallel=args.parallel,
                 threads_per_run=args.threads_per_run,
@@ -160,10 +168,12 @@ def cli(argv: list[str]) -> int:
     for name, path in result["files"].items():
         print(f"{name:<9} {path}")
     if not result["complete"]:
+        command = shlex.join(a for a in argv if a != "--status")
+        stopped = "unfinished" if args.status else "stopped at the time limit"
         print(
-            f"{len(result['stopped'])} run(s) stopped at the time limit and "
+            f"{len(result['stopped'])} run(s) {stopped} and "
             f"{len(result['not_started'])} not started; the tables hold the runs stored so "
-            f"far. Continue with: {invoked_command()} {shlex.join(argv)}",
+            f"far. Continue with: {invoked_command()} {command}",
             file=sys.stderr,
         )
         return TIME_LIMIT_EXIT

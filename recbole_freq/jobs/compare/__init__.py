@@ -63,6 +63,11 @@ from recbole_freq.jobs.compare.tables import (
     save_plot,
     summarise,
 )
+from recbole_freq.jobs.compare.unfinished import (
+    unfinished_csv,
+    unfinished_markdown,
+    unfinished_rows,
+)
 from recbole_freq.model import BASELINES, MODELS
 from recbole_freq.protocol import comparable_label, protocol_file
 from recbole_freq.quick_start.distributed import data_parallel_settings
@@ -312,6 +317,7 @@ def compare(
     correction: str = "holm",
     execution: Execution | None = None,
     log=print,
+    status: bool = False,
 ) -> dict:
     """Train ``models`` x ``seeds`` on ``dataset`` (skipping runs already stored in ``out``)
     and write the comparison tables and plot.  ``dataset``: one, or several (a grid: each
@@ -322,6 +328,7 @@ def compare(
     ``paper``: paper settings (``properties/paper/``) for the models that have them for
     the dataset, the denoisers' backbones sharing their denoiser's, under the protocol
     they name.  ``correction``: ``holm`` or ``bh`` for the per-user tests.
+    ``status``: train nothing; the tables of what is stored, and ``unfinished.md``.
     ``execution`` (``Execution``): one run after another here by default, packed onto
     this machine or as Ray tasks, with or without a time limit.
     Returns ``rows`` (as in ``comparison.csv``), ``markdown``, ``files``, the
@@ -356,7 +363,10 @@ def compare(
             locks.append(lock_out_dir(folder))  # two comparisons into one folder mix runs
         for c in comparisons:
             check_out_dir(c.out, c.settings, c.dataset_sha256)
-        outcome, skipped = train_missing(comparisons, execution)
+        if status:
+            outcome, skipped = stored_outcome(comparisons)
+        else:
+            outcome, skipped = train_missing(comparisons, execution)
         return _results(comparisons, base, outcome, skipped)
     finally:
         for lock in locks:
@@ -508,6 +518,20 @@ def train_missing(comparisons: list[Comparison], execution: Execution) -> tuple[
     return outcome, skipped
 
 
+def stored_outcome(comparisons: list[Comparison]) -> tuple[Outcome, list]:
+    """``train_missing``'s answer without training: the stored runs as skipped, those
+    with a resume state as stopped, the others as not started."""
+    outcome, skipped = Outcome(), []
+    for c in comparisons:
+        for job in c.jobs:
+            run = (job.dataset, job.entry, job.seed)
+            if run_file(job.out, job.entry, job.seed).is_file():
+                skipped.append(run)
+            else:
+                (outcome.stopped if job.resume_file.is_file() else outcome.not_started).append(run)
+    return outcome, skipped
+
+
 def _results(comparisons: list[Comparison], base: Path, outcome: Outcome, skipped) -> dict:
     """Each dataset's tables once all its runs are stored, the grid's with several
     datasets (from the runs stored so far), and what became of the runs."""
@@ -523,7 +547,11 @@ def _results(comparisons: list[Comparison], base: Path, outcome: Outcome, skippe
     rows, sections, files = [], [], {}
     for c in comparisons:
         if len(stored[c.dataset]) < len(c.jobs):
+            written, markdown = write_unfinished(c)
+            sections.append(markdown if single else f"## {c.dataset}\n\n{markdown}")
+            files.update(written if single else {f"{c.dataset} {k}": v for k, v in written.items()})
             continue
+        remove_unfinished(c.out)
         c_rows, plot_rows, markdown = tabulate(c, stored[c.dataset])
         written = write_comparison(c, stored[c.dataset], c_rows, plot_rows, markdown)
         rows += [{**row, "dataset": c.dataset} if not single else row for row in c_rows]
@@ -591,6 +619,27 @@ def tabulate(comparison: Comparison, records: dict) -> tuple[list, list, str]:
         ]
         sections.insert(0, protocol_side_by_side(rows, c.metrics, c.seeds, c.protocols))
     return rows, plot_rows, "\n".join(sections)
+
+
+UNFINISHED_FILES = {"unfinished": "unfinished.md", "unfinished_csv": "unfinished.csv"}
+
+
+def write_unfinished(comparison: Comparison) -> tuple[dict, str]:
+    """``unfinished.md`` / ``.csv`` of a comparison whose runs are not all stored (see
+    ``unfinished``): ``(files, markdown)``."""
+    c = comparison
+    rows, not_started = unfinished_rows(c.jobs, c.metrics)
+    markdown = unfinished_markdown(rows, not_started, c.metrics)
+    files = {key: c.out / name for key, name in UNFINISHED_FILES.items()}
+    write_atomic(files["unfinished"], markdown)
+    write_atomic(files["unfinished_csv"], unfinished_csv(rows, c.metrics))
+    return files, markdown
+
+
+def remove_unfinished(out: Path) -> None:
+    """Every run is stored: what ``write_unfinished`` said no longer holds."""
+    for name in UNFINISHED_FILES.values():
+        (out / name).unlink(missing_ok=True)
 
 
 def write_comparison(comparison: Comparison, records, rows, plot_rows, markdown) -> dict:
