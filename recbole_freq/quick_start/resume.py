@@ -177,6 +177,13 @@ def load_resume_state(path) -> dict:
     return state
 
 
+def best_epoch(state: dict) -> dict | None:
+    """The ``history`` entry of the resume state's best epoch so far (the first epoch
+    that scored ``best_valid_score``, as the trainer kept it), or ``None``."""
+    best = state.get("best_valid_score")
+    return next((e for e in state.get("history") or [] if e.get("valid_score") == best), None)
+
+
 def check_resume_data(state: dict, config, resume_file, trust_data=False) -> None:
     """The data must be what the interrupted run trained on (``dataset_sha256``)."""
     from recbole_freq.data.guard import check_recorded_dataset

@@ -548,13 +548,11 @@ def _results(comparisons: list[Comparison], base: Path, outcome: Outcome, skippe
     for c in comparisons:
         if len(stored[c.dataset]) < len(c.jobs):
             written, markdown = write_unfinished(c)
-            sections.append(markdown if single else f"## {c.dataset}\n\n{markdown}")
-            files.update(written if single else {f"{c.dataset} {k}": v for k, v in written.items()})
-            continue
-        remove_unfinished(c.out)
-        c_rows, plot_rows, markdown = tabulate(c, stored[c.dataset])
-        written = write_comparison(c, stored[c.dataset], c_rows, plot_rows, markdown)
-        rows += [{**row, "dataset": c.dataset} if not single else row for row in c_rows]
+        else:
+            remove_unfinished(c.out)
+            c_rows, plot_rows, markdown = tabulate(c, stored[c.dataset])
+            written = write_comparison(c, stored[c.dataset], c_rows, plot_rows, markdown)
+            rows += [{**row, "dataset": c.dataset} if not single else row for row in c_rows]
         sections.append(markdown if single else f"## {c.dataset}\n\n{markdown}")
         files.update(written if single else {f"{c.dataset} {k}": v for k, v in written.items()})
     if not single:

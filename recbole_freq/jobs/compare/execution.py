@@ -221,15 +221,14 @@ def _resumes_at(job: RunJob) -> str:
     """Where a run continues from its resume state: the epoch and the best so far."""
     if not job.resume_file.is_file():
         return ""
-    from recbole_freq.quick_start.resume import load_resume_state
+    from recbole_freq.quick_start.resume import best_epoch, load_resume_state
 
     try:
         state = load_resume_state(job.resume_file)
     except Exception:  # the run itself reports a resume state it cannot use
         return " (continues from its resume state)"
-    best = state.get("best_valid_score")
-    epochs = [e["epoch"] for e in state.get("history") or [] if e.get("valid_score") == best]
-    so_far = f", best valid {best:.4f} at epoch {epochs[0]}" if epochs else ""
+    best = best_epoch(state)
+    so_far = f", best valid {best['valid_score']:.4f} at epoch {best['epoch']}" if best else ""
     return f" (continues at epoch {state['next_epoch']}{so_far})"
 
 

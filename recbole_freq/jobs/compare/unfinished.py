@@ -26,7 +26,7 @@ CSV_FIELDS = (
 def unfinished_rows(jobs: list[RunJob], metrics: list[str]) -> tuple[list[dict], list[str]]:
     """``(rows, not_started)``: a row per run with a resume state and no stored run file
     (read with the restricted loader), and the names of the runs with neither."""
-    from recbole_freq.quick_start.resume import load_resume_state
+    from recbole_freq.quick_start.resume import best_epoch, load_resume_state
 
     rows, not_started = [], []
     for job in jobs:
@@ -38,7 +38,7 @@ def unfinished_rows(jobs: list[RunJob], metrics: list[str]) -> tuple[list[dict],
         state = load_resume_state(job.resume_file)
         history = state.get("history") or []
         scored = [epoch for epoch in history if epoch.get("valid_score") is not None]
-        best = max(scored, key=lambda epoch: epoch["valid_score"], default=None)
+        best = best_epoch(state)
         row = {
             "model": job.entry,
             "seed": job.seed,
