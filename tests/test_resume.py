@@ -226,6 +226,51 @@ def test_ctrl_c_while_starting_is_one_line_and_130(tmp_path):
     assert "Traceback" not in err
 
 
+FAKE_TORCH_INTERRUPTED_FROM_C = """
+import ctypes, os, signal
+# Ctrl-C lands while C code runs a Python callback, as it can while torch's C++ code
+# (pybind11) initialises; ctypes, like pybind11, cannot carry the exception out.
+compare = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+
+
+def ctrl_c(a, b):
+    os.kill(os.getpid(), signal.SIGINT)
+    return 0
+
+
+pair = (ctypes.c_int * 2)(2, 1)
+ctypes.CDLL(None).qsort(pair, 2, ctypes.sizeof(ctypes.c_int), compare(ctrl_c))
+raise SystemExit(7)  # reached only if the interrupt was lost in the callback
+"""
+
+
+def test_ctrl_c_while_torch_loads_ends_the_run_at_once_with_one_line_and_130(tmp_path):
+    """CI saw Ctrl-C during ``import torch`` abort the process (SIGABRT, "terminate called
+    after throwing an instance of 'pybind11::error_already_set'"); a stand-in torch makes
+    that moment certain."""
+    import os
+    import subprocess
+    import sys
+
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(FAKE_TORCH_INTERRUPTED_FROM_C)
+    script = Path(__file__).resolve().parent.parent / "run_recbole_freq.py"
+    env = dict(os.environ, PYTHONPATH=str(fake.parent))
+    done = subprocess.run(
+        [sys.executable, str(script), "--model=SASRec", "--dataset=tiny"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "interrupted: while torch was loading; stopped at once"
+    ], done.stderr
+
+
 def test_resume_refuses_data_prepared_again_and_states_without_a_fingerprint(
     small_config, tmp_path, monkeypatch, capsys
 ):

@@ -18,7 +18,7 @@ from recbole_freq.cli.common import (
     report_error,
     report_interrupt,
 )
-from recbole_freq.utils.signals import catch_sigterm
+from recbole_freq.utils.signals import catch_interrupts, restore_handlers
 
 # The flag that selects a job other than training -> the job's command-line module.
 JOBS = ("--hyper_file", "--compare", "--analyze", "--recommend", "--evaluate")
@@ -65,10 +65,8 @@ def job_module(flag: str | None):
 
 def main(argv=None) -> int:
     """The entry point: every job, one rule for failures (``exit_code``) and interrupts."""
-    import signal
-
     argv = with_plugin_flags(list(sys.argv[1:] if argv is None else argv))
-    previous = catch_sigterm()
+    previous = catch_interrupts()
     try:
         flag = selected_job(argv)
         job = job_module(flag)
@@ -85,8 +83,7 @@ def main(argv=None) -> int:
             raise
         return report_error(name_too_long_error(error))
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        restore_handlers(previous)
 
 
 __all__ = ["main", "selected_job", "job_module", "report_error"]

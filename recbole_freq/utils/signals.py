@@ -1,9 +1,15 @@
 """SIGTERM handled as Ctrl-C: ``kill`` or a scheduler's time limit stops a job where it
 stands, keeps what it can, names the command that continues it, and exits with 143
 (128 + 15) where Ctrl-C exits with 130.  Used by the command line (``recbole_freq.cli``)
-and by a search, whose Ray driver would otherwise abort with a C stack dump."""
+and by a search, whose Ray driver would otherwise abort with a C stack dump.  While
+torch is loading, either signal ends the process at once with its exit code: an
+exception raised there would abort it."""
 
 from __future__ import annotations
+
+import os
+import signal
+import sys
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -14,10 +20,33 @@ class RunInterrupted(KeyboardInterrupt):
 _terminated = False
 
 
+def torch_is_loading() -> bool:
+    """Whether ``import torch`` is running now (its package body is executing)."""
+    spec = getattr(sys.modules.get("torch"), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))  # importlib's own flag
+
+
+def _exit_at_once_if_torch_is_loading(signum: int) -> None:
+    # While torch loads, its C++ code calls back into Python (pybind11); an exception
+    # raised there cannot unwind and the process aborts ("terminate called after
+    # throwing an instance of 'pybind11::error_already_set'", SIGABRT), so end it here.
+    if torch_is_loading():
+        os.write(2, b"interrupted: while torch was loading; stopped at once\n")
+        os._exit(128 + signum)
+
+
+def on_sigint(signum=None, frame=None) -> None:
+    """Ctrl-C raises KeyboardInterrupt, as Python's own handler does, except while torch
+    loads, where it ends the process at once (exit code 130)."""
+    _exit_at_once_if_torch_is_loading(signal.SIGINT)
+    raise KeyboardInterrupt
+
+
 def on_sigterm(signum=None, frame=None) -> None:
     """SIGTERM (``kill``, a scheduler's time limit) is handled as Ctrl-C is: the job
     stops where it stands, keeps what it can and names the command that continues it."""
     global _terminated
+    _exit_at_once_if_torch_is_loading(signal.SIGTERM)
     _terminated = True
     raise KeyboardInterrupt("terminated (SIGTERM)")
 
@@ -32,13 +61,22 @@ def mark_terminated() -> None:
     _terminated = True
 
 
-def catch_sigterm():
-    """Install ``on_sigterm`` for the main thread; returns the handler it replaced."""
-    import signal
+def catch_interrupts() -> dict:
+    """Install ``on_sigint`` and ``on_sigterm`` for the main thread; returns the handlers
+    they replaced (``restore_handlers`` puts them back)."""
     import threading
 
     global _terminated
     _terminated = False
     if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, on_sigterm)
+        return {}
+    return {
+        signal.SIGINT: signal.signal(signal.SIGINT, on_sigint),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, on_sigterm),
+    }
+
+
+def restore_handlers(previous: dict) -> None:
+    for signum, handler in previous.items():
+        if handler is not None:  # None: installed outside Python, cannot be put back
+            signal.signal(signum, handler)
