@@ -181,7 +181,7 @@ def test_a_forged_resume_state_writes_only_beside_itself(small_config, tmp_path,
     assert sorted(p.name for p in forged.parent.iterdir()) == ["run.json", "run.pth"]
 
 
-def _start(argv, cwd):
+def _start(argv, cwd, env=None):
     import subprocess
     import sys
 
@@ -189,6 +189,7 @@ def _start(argv, cwd):
     return subprocess.Popen(
         [sys.executable, str(script), *argv],
         cwd=cwd,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -249,26 +250,17 @@ def test_ctrl_c_while_torch_loads_ends_the_run_at_once_with_one_line_and_130(tmp
     after throwing an instance of 'pybind11::error_already_set'"); a stand-in torch makes
     that moment certain."""
     import os
-    import subprocess
-    import sys
 
     fake = tmp_path / "fake" / "torch"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text(FAKE_TORCH_INTERRUPTED_FROM_C)
-    script = Path(__file__).resolve().parent.parent / "run_recbole_freq.py"
     env = dict(os.environ, PYTHONPATH=str(fake.parent))
-    done = subprocess.run(
-        [sys.executable, str(script), "--model=SASRec", "--dataset=tiny"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    process = _start(["--model=SASRec", "--dataset=tiny"], tmp_path, env=env)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert err.strip().splitlines() == ["interrupted: while torch was loading; stopped at once"], (
+        err
     )
-    assert done.returncode == 130, done.stderr
-    assert done.stderr.strip().splitlines() == [
-        "interrupted: while torch was loading; stopped at once"
-    ], done.stderr
 
 
 def test_resume_refuses_data_prepared_again_and_states_without_a_fingerprint(
