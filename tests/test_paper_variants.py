@@ -36,6 +36,7 @@ OTHER = {
     "cl_weight": 0.2,
     "residual": "fourier_truncated",
     "attention_operator": "chebyshev",
+    "trc_skip": "truncated",
 }
 
 
@@ -64,7 +65,7 @@ def test_the_expected_files_exist():
     }
     assert len([1 for m, _ in PAPER_FILES if m == "FBSARec"]) == 6
     assert model_variants("BSARec") == ["only-inductive-bias", "only-self-attention", "scalar-beta"]
-    assert len(model_variants("FBSARec")) == 6 and len(model_variants("PolyRec")) == 3
+    assert len(model_variants("FBSARec")) == 6 and len(model_variants("PolyRec")) == 5
 
 
 @pytest.mark.parametrize("model,dataset", PAPER_FILES, ids=[f"{m}-{d}" for m, d in PAPER_FILES])

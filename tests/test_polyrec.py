@@ -133,6 +133,59 @@ def test_truncated_residual_keeps_exactly_c_bins(seq_len, bins):
     torch.testing.assert_close(residual(f, x), residual.layer_norm(expected))
 
 
+def _skip_oracle(x, gain, bins):
+    """``T(x) = IFFT(F_C(x) K)`` of eq. 13 with full FFTs (independent of the bases)."""
+    kept = torch.fft.rfft(x, dim=1, norm="ortho")[:, :bins] * torch.view_as_complex(gain)
+    return torch.fft.irfft(kept, n=x.size(1), dim=1, norm="ortho")
+
+
+def _layer_norm(x, eps=1e-12):
+    return (x - x.mean(-1, keepdim=True)) / (x.var(-1, unbiased=False, keepdim=True) + eps).sqrt()
+
+
+@pytest.mark.parametrize("reading", ["truncated", "identity_and_truncated", "bsarec_mix"])
+def test_each_reading_of_eq13_is_its_equation(reading):
+    torch.manual_seed(3)
+    alpha, bins = 0.3, 4
+    residual = TruncatedResidual(6, 20, 0.0, 1e-12, alpha, bins, reading=reading).double()
+    with torch.no_grad():
+        residual.spectral_filter.normal_()
+    x, f = torch.randn(3, 20, 6, dtype=torch.float64), torch.randn(3, 20, 6, dtype=torch.float64)
+    skip = _skip_oracle(x, residual.spectral_filter, bins)
+    expected = {
+        "truncated": _layer_norm(alpha * f + (1 - alpha) * skip),
+        "identity_and_truncated": _layer_norm(alpha * (x + f) + (1 - alpha) * skip),
+        "bsarec_mix": alpha * _layer_norm(x + f) + (1 - alpha) * _layer_norm(x + skip),
+    }[reading]
+    torch.testing.assert_close(residual(f, x), expected)
+
+
+def _own_share(reading: str) -> float:
+    """How much the newest position's output follows its own input rather than the rest
+    of the window: the norm of the Jacobian block d out[-1] / d x[-1] over the mean norm
+    of the blocks d out[-1] / d x[j] of the other positions (sub-layer output held at 0)."""
+    torch.manual_seed(0)
+    residual = TruncatedResidual(8, 50, 0.0, 1e-12, 0.5, 3, reading=reading).double().eval()
+    x = torch.randn(50, 8, dtype=torch.float64)
+
+    def newest(window):
+        return residual(torch.zeros_like(window)[None], window[None])[0, -1]
+
+    blocks = torch.autograd.functional.jacobian(newest, x).norm(dim=(0, 2))  # per position
+    return (blocks[-1] / blocks[:-1].mean()).item()
+
+
+def test_only_readings_with_the_identity_path_pass_the_newest_item_on():
+    truncated = _own_share("truncated")
+    for reading in ("identity_and_truncated", "bsarec_mix"):
+        assert _own_share(reading) > 3 * truncated, reading
+
+
+def test_unknown_reading_is_refused():
+    with pytest.raises(ValueError, match="trc_skip='identity' is unknown"):
+        TruncatedResidual(4, 10, 0.0, 1e-12, 0.5, 2, reading="identity")
+
+
 def test_truncated_skip_starts_as_exact_low_pass_projection():
     # Built for length 50, applied to length 10: the bases follow the input's length.
     residual = TruncatedResidual(4, 50, 0.0, 1e-12, alpha=0.3, bins=2).double()
@@ -358,6 +411,7 @@ BAD_INPUTS = [
     (["--trc_alpha=-0.1"], "trc_alpha=-0.1 must lie in [0, 1]"),
     (["--cl_weight=-0.1"], "cl_weight=-0.1 must be a number >= 0"),
     (["--trc_sublayers=[attention,ffn]"], "names unknown sub-layers ['ffn']"),
+    (["--trc_skip=identity"], "trc_skip='identity' is unknown; choose from"),
 ]
 
 

@@ -93,7 +93,7 @@ RESIDUAL_PATHS: dict[str, Component] = {
         lambda ctx: StandardResidual(ctx.hidden_size, ctx.hidden_dropout_prob, ctx.layer_norm_eps)
     ),
     "fourier_truncated": Component(
-        fourier_truncated_residual, ("trc_alpha", "trc_c", "trc_sublayers")
+        fourier_truncated_residual, ("trc_alpha", "trc_c", "trc_sublayers", "trc_skip")
     ),
 }
 

@@ -131,6 +131,9 @@ class ChebyshevAttention(nn.Module):
         return f"order={self.order}, coefficient_sets={heads}, dropout={self.dropout_prob}"
 
 
+TRUNCATED_SKIP_READINGS = ("truncated", "identity_and_truncated", "bsarec_mix")
+
+
 class TruncatedResidual(nn.Module):
     """Truncated residual connection, PolyRec eq. 13:
     ``x_{i+1} = alpha f(x_i) + (1 - alpha) IFFT(F_C(x_i) * K)``.
@@ -138,10 +141,22 @@ class TruncatedResidual(nn.Module):
     ``F_C`` keeps the lowest ``bins`` (the paper's C) bins of the orthonormal real FFT
     along the sequence, ``K`` is a learnable complex filter on those bins (one value per
     bin and hidden dimension), and the inverse FFT returns to the sequence with every
-    other bin zero.  Reading: eq. 13 is the residual ``x + f(x)`` with its identity skip
-    ``x`` replaced by the truncated skip and the two branches weighted by ``alpha``;
-    like every sub-layer of the core it is closed by dropout on ``f`` and LayerNorm:
-    ``LayerNorm(alpha Dropout(f(x)) + (1 - alpha) IFFT(F_C(x) K))``.
+    other bin zero; ``T(x) = IFFT(F_C(x) K)`` below.  The paper does not say whether the
+    identity skip ``x`` stays (section 4.4 says alpha "balances truncated residual
+    connections and standard residual connections"), so ``reading`` (``trc_skip``) names
+    the three readings, each closed by dropout on the sub-layer and LayerNorm like every
+    sub-layer of the core:
+
+    - ``truncated``: eq. 13 with ``f(x)`` the bare sub-layer, the identity skip replaced
+      by the truncated one: ``LayerNorm(alpha Dropout(f(x)) + (1 - alpha) T(x))``.  The
+      newest item keeps only its share of a C-bin low-pass of the whole window.
+    - ``identity_and_truncated``: eq. 13 with ``f(x)`` the sub-layer with its standard
+      residual, so alpha balances the standard residual against the truncated one:
+      ``LayerNorm(alpha (x + Dropout(f(x))) + (1 - alpha) T(x))``.
+    - ``bsarec_mix``: the truncated skip as a second branch beside the sub-layer, each
+      with its own dropout, identity skip and LayerNorm, mixed as BSARec eq. 5 mixes its
+      two branches: ``alpha LayerNorm(x + Dropout(f(x))) + (1 - alpha) LayerNorm(x +
+      Dropout(T(x)))``.
 
     ``K`` starts at 1 + 0i, so the skip starts as the exact low-pass projection of ``x``
     (what the identity skip keeps after truncation) and learns per-bin gains and phases
@@ -152,13 +167,20 @@ class TruncatedResidual(nn.Module):
     target leaks into a prediction.
     """
 
-    def __init__(self, hidden_size, max_seq_length, dropout_prob, layer_norm_eps, alpha, bins):
+    def __init__(
+        self, hidden_size, max_seq_length, dropout_prob, layer_norm_eps, alpha, bins,
+        reading="truncated",
+    ):  # fmt: skip
         super().__init__()
         alpha, bins = _truncated_residual_options(alpha, bins, max_seq_length)
         self.alpha = alpha
         self.bins = bins
+        self.reading = _skip_reading(reading)
         self.dropout = Dropout(dropout_prob)
         self.layer_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        if self.reading == "bsarec_mix":
+            self.skip_dropout = Dropout(dropout_prob)
+            self.skip_layer_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
         gain = torch.zeros(bins, hidden_size, 2)
         gain[..., 0] = 1.0  # K = 1 + 0i (real and imaginary parts stored as a pair)
         self.spectral_filter = nn.Parameter(gain)
@@ -193,11 +215,18 @@ class TruncatedResidual(nn.Module):
         return torch.einsum("lc,bcd->bld", synthesis, filtered)
 
     def forward(self, sublayer_output: torch.Tensor, sublayer_input: torch.Tensor) -> torch.Tensor:
-        mixed = self.alpha * self.dropout(sublayer_output)
-        return self.layer_norm(mixed + (1.0 - self.alpha) * self.truncated_skip(sublayer_input))
+        skip = self.truncated_skip(sublayer_input)
+        if self.reading == "bsarec_mix":
+            sublayer = self.layer_norm(sublayer_input + self.dropout(sublayer_output))
+            truncated = self.skip_layer_norm(sublayer_input + self.skip_dropout(skip))
+            return self.alpha * sublayer + (1.0 - self.alpha) * truncated
+        sublayer = self.dropout(sublayer_output)
+        if self.reading == "identity_and_truncated":
+            sublayer = sublayer_input + sublayer
+        return self.layer_norm(self.alpha * sublayer + (1.0 - self.alpha) * skip)
 
     def extra_repr(self) -> str:
-        return f"alpha={self.alpha}, bins={self.bins}"
+        return f"alpha={self.alpha}, bins={self.bins}, reading={self.reading}"
 
 
 def truncated_dft_bases(seq_len: int, bins: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -240,6 +269,15 @@ def _truncated_residual_options(alpha, bins, max_seq_length):
     return alpha, bins
 
 
+def _skip_reading(value) -> str:
+    if value not in TRUNCATED_SKIP_READINGS:
+        raise ValueError(
+            f"trc_skip={value!r} is unknown; choose from {list(TRUNCATED_SKIP_READINGS)} "
+            "(readings of PolyRec eq. 13, docs/models.md)"
+        )
+    return value
+
+
 TRUNCATABLE_SUBLAYERS = ("attention", "filter", "feed_forward")
 
 
@@ -257,11 +295,14 @@ def _sublayer_names(value) -> tuple[str, ...]:
     return names
 
 
-def fourier_truncated_residual(ctx, trc_alpha=0.5, trc_c=3, trc_sublayers=("attention",)):
-    """The truncated residual on the sub-layers named in ``trc_sublayers`` (default the
-    attention sub-layer, whose token mixing is what eq. 13 filters), the standard
-    residual on the others."""
+def fourier_truncated_residual(
+    ctx, trc_alpha=0.5, trc_c=3, trc_sublayers=("attention",), trc_skip="truncated"
+):
+    """The truncated residual, in the reading ``trc_skip``, on the sub-layers named in
+    ``trc_sublayers`` (default the attention sub-layer, whose token mixing is what eq. 13
+    filters), the standard residual on the others."""
     alpha, bins = _truncated_residual_options(trc_alpha, trc_c, ctx.max_seq_length)
+    reading = _skip_reading(trc_skip)
     if ctx.sublayer not in _sublayer_names(trc_sublayers):
         return StandardResidual(ctx.hidden_size, ctx.hidden_dropout_prob, ctx.layer_norm_eps)
     return TruncatedResidual(
@@ -271,4 +312,5 @@ def fourier_truncated_residual(ctx, trc_alpha=0.5, trc_c=3, trc_sublayers=("atte
         ctx.layer_norm_eps,
         alpha,
         bins,
+        reading,
     )
