@@ -12,7 +12,7 @@ import yaml
 from conftest import small_overrides, write_sequences
 from dataset_prep import convert_one_line
 from recbole_freq.cli import main
-from recbole_freq.config.configurator import FreqConfig, model_variants
+from recbole_freq.config.configurator import FreqConfig, model_variants, paper_file
 from recbole_freq.jobs.compare import ComparisonError, compare
 from recbole_freq.protocol import protocol_label
 from recbole_freq.quick_start.quick_start import run
@@ -37,6 +37,10 @@ OTHER = {
     "residual": "fourier_truncated",
     "attention_operator": "chebyshev",
     "trc_skip": "truncated",
+    "count_last_k": 2,
+    "mask_learning": "learned",
+    "sparsity_beta": 0.05,
+    "jacobian_normalization": "entry",
 }
 
 
@@ -81,8 +85,9 @@ def test_paper_file_loads_with_every_setting_and_names_its_protocol(model, datas
 def test_variant_sets_its_settings_over_the_paper_files(model, variant):
     settings = yaml.safe_load((PROPERTIES / "variant" / model / f"{variant}.yaml").read_text())
     dataset = "amazon-beauty"
-    plain = FreqConfig(model, dataset, paper=True)
-    config = FreqConfig(model, dataset, paper=True, cmd_overrides={"variant": variant})
+    paper = paper_file(model, dataset) is not None  # a count baseline has no paper
+    plain = FreqConfig(model, dataset, paper=paper)
+    config = FreqConfig(model, dataset, paper=paper, cmd_overrides={"variant": variant})
     assert config["variant"] == variant
     for key, value in settings.items():
         assert config[key] == value, key
@@ -92,7 +97,7 @@ def test_variant_sets_its_settings_over_the_paper_files(model, variant):
     # the command line still wins over a variant
     key = next(iter(settings))
     overridden = FreqConfig(
-        model, dataset, paper=True, cmd_overrides={"variant": variant, key: OTHER[key]}
+        model, dataset, paper=paper, cmd_overrides={"variant": variant, key: OTHER[key]}
     )
     assert overridden[key] == OTHER[key] != settings[key]
 

@@ -145,6 +145,8 @@ def format_summary(summary: dict) -> str:
     width = max([len("metric"), *map(len, metrics)]) + 2
     minutes, seconds = divmod(summary["total_seconds"], 60)
     stop = "early stopping" if summary["stopped_early"] else "epoch budget reached"
+    if summary.get("learns_by_gradient") is False:
+        stop = "nothing to train: counted from the training rows"
     protocol = (summary.get("protocol") or {}).get("label", "not recorded")
     lines = [
         "=" * 60,

@@ -13,6 +13,7 @@ from recbole_freq.model.sequential_recommender import (
     PolyRec,
     RecDenoiser,
     TiSASRec,
+    TransitionCount,
 )
 
 MODELS = {
@@ -28,9 +29,10 @@ MODELS = {
         PolyRec,
         RecDenoiser,
         BERT4RecDenoiser,
+        TransitionCount,
     )
 }
 # Comparisons count these with RecBole's built-ins as baselines (the Improv. row).
-BASELINES = frozenset({"FMLPRec", "DuoRec", "CL4SRec", "TiSASRec", "SSEPT"})
+BASELINES = frozenset({"FMLPRec", "DuoRec", "CL4SRec", "TiSASRec", "SSEPT", "TransitionCount"})
 
 __all__ = ["BASELINES", "MODELS", *sequential_recommender.__all__]

@@ -91,8 +91,10 @@ def builtin_class(model_class, config):
     from recbole.model.abstract_recommender import SequentialRecommender
 
     layout = SequenceLayout.from_config(config).name
-    if issubclass(model_class, TransformerRecommender) or not issubclass(
-        model_class, SequentialRecommender
+    if (
+        issubclass(model_class, TransformerRecommender)
+        or getattr(model_class, "reads_stored_rows", False)
+        or not issubclass(model_class, SequentialRecommender)
     ):
         return model_class
     name = model_class.__name__

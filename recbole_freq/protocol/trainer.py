@@ -26,6 +26,9 @@ The hooks, each a method (or a callable attribute the caller sets):
   after the first of this segment, once all earlier ones are complete; the run writes
   its resume state there (``quick_start.resume``).  ``after_valid(record)`` runs after
   each validation with the epoch's record.
+- **Models without gradients** (``__init__``, ``_train_epoch``): a model whose class says
+  ``learns_by_gradient = False`` (the count baseline ``TransitionCount``, fixed when it is
+  built) runs one epoch that trains nothing and validates once.
 - **Stopping rule** (``_valid_epoch``, ``fit``): ``stopping_rule: strict`` stops after
   ``stopping_step`` epochs without a strict improvement on unrounded metrics, as the
   BSARec authors' code does; RecBole's rule otherwise.
@@ -104,7 +107,10 @@ class FreqTrainer(Trainer):
                 f"{', '.join(AMP_DTYPES)} (with enable_amp: True)"
             )
         self.sampled_loss = None
-        if settings["train_loss"] in SAMPLED_LOSSES:
+        self.learns = getattr(model, "learns_by_gradient", True)
+        if not self.learns:
+            self.epochs = 1  # nothing changes between epochs: one validation says it all
+        elif settings["train_loss"] in SAMPLED_LOSSES:
             self.sampled_loss = SampledLoss(model, config)
         elif settings["train_loss"] == MASKED_NEXT:
             self.sampled_loss = MaskedNextLoss(model, config)
@@ -164,7 +170,10 @@ class FreqTrainer(Trainer):
             self.sampled_loss.training_dataset = train_data._dataset
             loss_func = self.sampled_loss
         start = time.perf_counter()
-        loss = self._train_epoch_in_amp_dtype(train_data, epoch_idx, loss_func, show_progress)
+        if self.learns:
+            loss = self._train_epoch_in_amp_dtype(train_data, epoch_idx, loss_func, show_progress)
+        else:
+            loss = 0.0
         seconds = time.perf_counter() - start
         self.train_seconds += seconds
         total = sum(loss) if isinstance(loss, tuple) else loss
@@ -324,7 +333,9 @@ class FreqTrainer(Trainer):
         if self.config["eval_type"] == EvaluatorType.VALUE:
             return interaction, scores, positive_u, positive_i
         col_idx = interaction[self.config["ITEM_ID_FIELD"]]
-        ranked = torch.full((positive_u[-1] + 1, self.tot_item_num), -np.inf, device=self.device)
+        ranked = torch.full(
+            (positive_u[-1] + 1, self.tot_item_num), -np.inf, device=self.device, dtype=scores.dtype
+        )  # a count model's exact float64 scores stay exact
         ranked[row_idx, col_idx] = scores
         return interaction, ranked, positive_u, positive_i
 

@@ -313,7 +313,9 @@ def run_summary(config, model, trainer, start: float, saved: bool, results) -> d
         **results,
         "epochs_run": n_epochs,
         "best_epoch": trainer.best_epoch,
-        "stopped_early": n_epochs < config["epochs"],
+        "stopped_early": n_epochs < trainer.epochs,
+        # False for a count model (TransitionCount): one epoch that only validates.
+        "learns_by_gradient": trainer.learns,
         "train_seconds_per_epoch": trainer.train_seconds / max(n_epochs, 1),
         # A resumed run's total counts its earlier segments up to their last resume state.
         "total_seconds": (trainer.earlier_seconds or 0.0) + time.perf_counter() - start,

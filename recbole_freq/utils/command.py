@@ -21,7 +21,7 @@ DEFAULT_MODEL = "BSARec"
 # the two equal).
 PLUGIN_MODEL_NAMES = (
     "BERT4RecDenoiser", "BSARec", "CL4SRec", "DuoRec", "FBSARec", "FMLPRec", "PolyRec",
-    "RecDenoiser", "SSEPT", "TiSASRec",
+    "RecDenoiser", "SSEPT", "TiSASRec", "TransitionCount",
 )  # fmt: skip
 DEFAULT_DATASET = "ml-100k"
 DEFAULT_SEEDS = (2024, 2025, 2026)  # --compare

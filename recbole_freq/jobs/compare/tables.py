@@ -122,6 +122,8 @@ def summarise(records: dict, models, seeds, metrics, baselines) -> list[dict]:
             "loss": " / ".join(dict.fromkeys(recorded_loss(s) for s in summaries)),
             "seeds": len(seeds),
         }
+        if any(s.get("learns_by_gradient") is False for s in summaries):
+            row["count_baseline"] = True  # TransitionCount: nothing learned by gradient
         for metric in metrics:
             row[f"{metric}_mean"] = float(np.mean(values[metric]))
             row[f"{metric}_std"] = _std(values[metric])
@@ -156,7 +158,24 @@ def summarise(records: dict, models, seeds, metrics, baselines) -> list[dict]:
             row[f"{metric}_best_baseline"] = reference
             row[f"{metric}_improv_pct"] = gain
             row[f"{metric}_p_value"] = p_value
+    _mark_count_floor(rows, metrics)
     return rows
+
+
+def _mark_count_floor(rows, metrics) -> None:
+    """With count baselines in the comparison, each other row's ``<metric>_above_counts``:
+    whether its mean beats the best count baseline's (None on the count rows)."""
+    counts = [row for row in rows if row.get("count_baseline")]
+    if not counts:
+        return
+    for metric in metrics:
+        pick, better = (min, float.__lt__) if smaller_is_better(metric) else (max, float.__gt__)
+        floor = pick(row[f"{metric}_mean"] for row in counts)
+        for row in rows:
+            above = None if row.get("count_baseline") else better(row[f"{metric}_mean"], floor)
+            row[f"{metric}_above_counts"] = above
+    for row in rows:
+        row.setdefault("count_baseline", False)
 
 
 def _std(values) -> float:
@@ -224,7 +243,8 @@ def _model_lines(rows, metrics, spread: bool) -> list[str]:
         for metric in metrics:
             text = f"{row[f'{metric}_mean']:.4f}"
             text += f" ± {row[f'{metric}_std']:.4f}" if spread else ""
-            cells.append(f"**{text}**" if row[f"{metric}_mean"] == best[metric] else text)
+            text = f"**{text}**" if row[f"{metric}_mean"] == best[metric] else text
+            cells.append(text + (" †" if row.get(f"{metric}_above_counts") is False else ""))
         seconds = _seconds(row["train_seconds_per_epoch_mean"])
         cells += [
             seconds + (f" ± {_seconds(row['train_seconds_per_epoch_std'])}" if spread else ""),
@@ -295,6 +315,19 @@ def _table_notes(rows, metrics, dataset, seeds, correction) -> list[str]:
             )
     else:
         notes.append("No Improv. rows: the comparison has no baseline or no proposed model.")
+    counts = [row["model"] for row in rows if row.get("count_baseline")]
+    if counts:
+        below = [
+            row["model"]
+            for row in rows
+            if any(row.get(f"{m}_above_counts") is False for m in metrics)
+        ]
+        notes.append(
+            f"Count baselines ({', '.join(counts)}): each item scored by how often it followed "
+            "the row's newest items in the training rows, nothing learned. †: not above the "
+            "best count baseline on that metric"
+            + (f" ({', '.join(below)})." if below else "; every other row is above them.")
+        )
     masked = [row for row in rows if row.get("pruned_fractions")]
     if masked:
         notes.append(

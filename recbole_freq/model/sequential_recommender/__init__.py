@@ -8,6 +8,7 @@ from recbole_freq.model.sequential_recommender.polyrec import PolyRec
 from recbole_freq.model.sequential_recommender.recdenoiser import RecDenoiser
 from recbole_freq.model.sequential_recommender.ssept import SSEPT
 from recbole_freq.model.sequential_recommender.tisasrec import TiSASRec
+from recbole_freq.model.sequential_recommender.transition_count import TransitionCount
 
 __all__ = [
     "BSARec",
@@ -19,5 +20,6 @@ __all__ = [
     "RecDenoiser",
     "SSEPT",
     "TiSASRec",
+    "TransitionCount",
     "BERT4RecDenoiser",
 ]
