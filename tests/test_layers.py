@@ -243,3 +243,73 @@ def test_long_sequences_use_the_fft_and_hold_no_n_by_n_matrix():
     assert long.method == "fft" and long.low_pass is None
     with pytest.raises(ValueError, match="low-pass method 'dense' is unknown"):
         FrequencyRescaler(10, 3, 4, method="dense")
+
+
+def _sasrec_code_block_stack(encoder, x, mask, n_heads):
+    """SASRec's own code (Kang and McAuley, ``model.py``; its PyTorch port's
+    ``log2feats``) written out with the encoder's weights, dropout off: per block
+    ``Q = LN(x)``, ``x = Q + MHA(Q, x, x)``, ``x = LN(x)``, ``x = x + FFN(x)``; a last
+    LayerNorm."""
+    from torch.nn.functional import gelu, layer_norm, linear
+
+    def norm(module, h):
+        return layer_norm(h, h.shape[-1:], module.weight, module.bias, module.eps)
+
+    batch, seq_len, width = x.shape
+    head = width // n_heads
+    for block in encoder.blocks:
+        attention = block.mixer.attention
+        queries = norm(attention.residual.input_norm, x)
+        w, b = attention.qkv.weight, attention.qkv.bias
+        q = linear(queries, w[:width], b[:width])
+        k = linear(x, w[width : 2 * width], b[width : 2 * width])
+        v = linear(x, w[2 * width :], b[2 * width :])
+
+        def split(t):
+            return t.view(batch, seq_len, n_heads, head).transpose(1, 2)
+
+        scores = split(q) @ split(k).transpose(-1, -2) / math.sqrt(head)
+        probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+        context = (probs @ split(v)).transpose(1, 2).reshape(batch, seq_len, width)
+        x = queries + attention.dense(context)
+        ffn = block.feed_forward
+        x = norm(ffn.residual.input_norm, x)
+        x = x + ffn.dense_out(gelu(ffn.dense_in(x)))
+    return norm(encoder.final_norm, x)
+
+
+def test_sasrec_pre_norm_blocks_are_sasrecs_code():
+    torch.manual_seed(0)
+    encoder = build_encoder(
+        n_layers=2, hidden_size=8, n_heads=2, inner_size=16, hidden_dropout_prob=0.3,
+        attn_dropout_prob=0.3, hidden_act="gelu", layer_norm_eps=1e-8, max_seq_length=6,
+        block_norm="sasrec_pre",
+    ).double().eval()  # fmt: skip
+    for module in encoder.modules():
+        if isinstance(module, torch.nn.LayerNorm):  # not the identity they start as
+            torch.nn.init.normal_(module.weight)
+            torch.nn.init.normal_(module.bias)
+    items = torch.tensor([[3, 1, 4, 1, 5, 0], [2, 7, 0, 0, 0, 0]])
+    mask = build_attention_mask(items)
+    x = torch.randn(2, 6, 8, dtype=torch.float64)
+    expected = _sasrec_code_block_stack(encoder, x, mask, n_heads=2)
+    torch.testing.assert_close(encoder(x, mask), expected)
+    every_layer = encoder(x, mask, output_all_layers=True)
+    torch.testing.assert_close(every_layer[-1], expected)  # the final LayerNorm included
+    post = build_encoder(
+        n_layers=2, hidden_size=8, n_heads=2, inner_size=16, hidden_dropout_prob=0.3,
+        attn_dropout_prob=0.3, hidden_act="gelu", layer_norm_eps=1e-8, max_seq_length=6,
+    )  # fmt: skip
+    assert post.final_norm is None
+
+
+def test_sasrec_pre_norm_is_refused_where_the_block_is_not_sasrecs():
+    settings = dict(
+        n_layers=1, hidden_size=8, n_heads=2, inner_size=16, hidden_dropout_prob=0.1,
+        attn_dropout_prob=0.1, hidden_act="gelu", layer_norm_eps=1e-8, max_seq_length=6,
+        block_norm="sasrec_pre",
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="needs self-attention and the standard residual"):
+        build_encoder(**settings, token_mixer="bsa")
+    with pytest.raises(ValueError, match="block_norm='pre' is unknown"):
+        build_encoder(**dict(settings, block_norm="pre"))

@@ -70,6 +70,9 @@ def test_the_expected_files_exist():
     assert len([1 for m, _ in PAPER_FILES if m == "FBSARec"]) == 6
     assert model_variants("BSARec") == ["only-inductive-bias", "only-self-attention", "scalar-beta"]
     assert len(model_variants("FBSARec")) == 6 and len(model_variants("PolyRec")) == 5
+    assert model_variants("RecDenoiser") == [
+        "frozen-masks", "jacobian-as-written", "without-denoiser", "without-sparsity"
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("model,dataset", PAPER_FILES, ids=[f"{m}-{d}" for m, d in PAPER_FILES])

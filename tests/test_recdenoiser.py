@@ -715,7 +715,7 @@ def largest_mask_step(small_config, **extra) -> tuple[float, float]:
         (operator.phi.detach() - start).abs().max().item()
         for operator, start in zip(operators(model), before)
     )
-    steps = int(trainer.optimizer.state[operators(model)[0].phi]["step"])
+    steps = int(trainer.optimizer.state[operators(model)[0].phi].get("step", 0))  # 0: frozen
     return moved, config["learning_rate"] * steps
 
 
@@ -735,6 +735,42 @@ def test_mask_learning_rate_lets_the_masks_move_faster_than_the_backbone(small_c
     phis = {id(operator.phi) for operator in operators(model)}
     assert {id(p) for p in groups[1]["params"]} == phis
     assert sum(len(group["params"]) for group in groups) == len(list(model.parameters()))
+
+
+def test_frozen_masks_drop_random_links_and_learn_nothing(small_config):
+    """``mask_learning: frozen``: one pass a step (no estimator), Phi unchanged by a real
+    epoch of training with a large beta and rate, masks still drawn in training (two
+    training passes differ with dropout off), the inference mask that of the initial keep
+    probability; the backbone trains."""
+    moved, _ = largest_mask_step(small_config, mask_learning="frozen", mask_learning_rate=0.1)
+    assert moved == 0.0
+    learned, _ = largest_mask_step(small_config, mask_learning_rate=0.1)
+    assert learned > 0.05  # Adam: about one rate (0.1) per step
+
+    overrides = dict(
+        small_config, mask_learning="frozen", hidden_dropout_prob=0.0, attn_dropout_prob=0.0
+    )
+    config, train, _, _ = prepare("RecDenoiser", overrides)
+    model = RecDenoiser(config, train._dataset)
+    batch = first_batch(train)
+    passes = []
+    model.encoder.register_forward_hook(lambda *_: passes.append(1))
+    model.train()
+    first = model.calculate_loss(batch)
+    assert len(passes) == 1  # ARM would run two
+    assert model.calculate_loss(batch).item() != first.item()  # Z drawn at random each step
+    first.backward()
+    assert all(operator.phi.grad is None for operator in operators(model))
+    model.eval()
+    assert all(operator.regularization_loss() == 0.0 for operator in operators(model))
+    embedding = model.item_embedding.weight.grad
+    assert embedding is not None and embedding.abs().sum() > 0
+    for operator in operators(model):
+        torch.testing.assert_close(
+            operator.inference_mask(), torch.full_like(operator.phi, 0.9), rtol=1e-6, atol=1e-6
+        )
+    with pytest.raises(ValueError, match="mask_learning='fixed' is unknown"):
+        tiny_encoder(mask_learning="fixed")
 
 
 @pytest.mark.parametrize(

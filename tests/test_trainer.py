@@ -111,3 +111,38 @@ def test_history_and_seconds_reach_the_run_summary(small_config):
     seconds = [epoch["train_seconds"] for epoch in summary["history"]]
     assert summary["train_seconds_per_epoch"] == pytest.approx(sum(seconds) / 2)
     assert torch.isfinite(torch.tensor([e["train_loss"] for e in summary["history"]])).all()
+
+
+def test_adam_beta2_reaches_every_parameter_group(small_config):
+    """SASRec's code trains with Adam beta2 0.98: ``adam_beta2`` sets it for RecBole's
+    models and the plugin's, mask groups included; the default is torch's 0.999."""
+    for model_name, extra in (("SASRec", {}), ("RecDenoiser", {"mask_learning_rate": 0.01})):
+        for beta2 in (None, 0.98):
+            overrides = dict(small_config, **extra)
+            if beta2 is not None:
+                overrides["adam_beta2"] = beta2
+            config, train, _, _ = prepare(model_name, overrides)
+            model = new_model(config, train)
+            groups = trainer_for(config, model).optimizer.param_groups
+            assert len(groups) == (2 if extra else 1)
+            assert all(group["betas"] == (0.9, beta2 or 0.999) for group in groups)
+
+
+def test_adam_beta2_is_refused_where_it_would_do_nothing(small_config):
+    config, train, _, _ = prepare("SASRec", dict(small_config, learner="sgd", adam_beta2=0.98))
+    with pytest.raises(ValueError, match="adam_beta2=0.98 applies to learner adam or adamw"):
+        trainer_for(config, new_model(config, train))
+    config, train, _, _ = prepare("SASRec", dict(small_config, adam_beta2=1.0))
+    with pytest.raises(ValueError, match=r"adam_beta2=1.0 must be a number in \[0, 1\)"):
+        trainer_for(config, new_model(config, train))
+
+
+def test_a_state_stored_before_adam_beta2_existed_resumes_at_its_default(small_config):
+    from recbole_freq.quick_start.resume import settings_differences
+
+    config, _, _, _ = prepare("SASRec", small_config)
+    stored, _, _, _ = prepare("SASRec", small_config)
+    del stored.final_config_dict["adam_beta2"]
+    assert settings_differences(stored, config) == []
+    changed, _, _, _ = prepare("SASRec", dict(small_config, adam_beta2=0.98))
+    assert settings_differences(stored, changed) == ["adam_beta2: None then, 0.98 now"]

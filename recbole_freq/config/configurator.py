@@ -147,6 +147,7 @@ DENOISER_ONLY_SETTINGS = (
     "mask_per_head",
     "mask_sampling",
     "mask_init_prob",
+    "mask_learning",
     "mask_learning_rate",
     "jacobian_gamma",
     "jacobian_projections",

@@ -183,6 +183,7 @@ class TransformerRecommender(LearnedMaskTraining, SequentialRecommender):
             operator_options=component_options(config, ATTENTION_OPERATORS, operator),
             residual=residual,
             residual_options=component_options(config, RESIDUAL_PATHS, residual),
+            block_norm=setting(config, "block_norm"),
         )
 
     @property

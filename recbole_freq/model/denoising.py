@@ -14,6 +14,7 @@ from recbole_freq.utils.options import as_number, finite_non_negative
 
 MASK_ESTIMATORS = ("ARM", "AR")
 MASK_SAMPLING = ("batch", "sequence")
+MASK_LEARNING = ("learned", "frozen")
 SPARSITY_NORMALIZATIONS = ("train_examples", "batch_targets", "batch", "none")  # and auto
 
 
@@ -125,7 +126,10 @@ class DenoisingMaskAttention(nn.Module):
       and 0 elsewhere (section 4.1.2), see ``inference_mask``.
 
     ``sigmoid(Phi)`` starts at ``mask_init_prob`` (the paper gives no value; 0.9 starts
-    close to the backbone).  Outside ``DenoisingObjective`` a training forward pass draws
+    close to the backbone).  ``mask_learning: frozen`` (an ablation, not in the paper)
+    keeps ``Phi`` there: the same draws of ``Z`` and the same inference mask rule, but no
+    estimator and no sparsity gradient, so training drops random links at the initial
+    rate and learns nothing about which links are noise.  Outside ``DenoisingObjective`` a training forward pass draws
     fresh masks from the global RNG, but the base model's loss cannot train ``Phi``: the
     estimators need the loss of each pass, so ``regularization_loss`` refuses that use.
     """
@@ -140,8 +144,16 @@ class DenoisingMaskAttention(nn.Module):
         mask_per_head: bool = False,
         mask_sampling: str = "batch",
         mask_init_prob: float = 0.9,
+        mask_learning: str = "learned",
     ):
         super().__init__()
+        if mask_learning not in MASK_LEARNING:
+            raise ValueError(
+                f"mask_learning={mask_learning!r} is unknown; choose 'learned' (Phi trained "
+                "by the ARM / AR estimator and the sparsity penalty, the paper) or 'frozen' "
+                "(Phi kept at mask_init_prob: random link dropping, an ablation)"
+            )
+        self.frozen = mask_learning == "frozen"
         self.estimator = _denoise_estimator(estimator)
         self.sparsity_beta = finite_non_negative(
             sparsity_beta, "sparsity_beta", "it is beta of Rec-Denoiser eq. 8, e.g. 0.01"
@@ -163,7 +175,10 @@ class DenoisingMaskAttention(nn.Module):
         self.sparsity_scale = 1.0
         heads = n_heads if mask_per_head else 1
         logit = torch.logit(torch.tensor(init, dtype=torch.float64)).item()
-        self.phi = nn.Parameter(torch.full((heads, max_seq_length, max_seq_length), logit))
+        self.phi = nn.Parameter(
+            torch.full((heads, max_seq_length, max_seq_length), logit),
+            requires_grad=not self.frozen,
+        )
         self.dropout = Dropout(dropout_prob)
         self._generator: torch.Generator | None = None
         self._branch = "first"
@@ -238,8 +253,8 @@ class DenoisingMaskAttention(nn.Module):
         depend on (links hidden by the causal / padding mask, queries at padding) get
         exactly 0, their true gradient, instead of zero-mean noise.
         """
-        if self._draw is None:
-            return 0.0  # the operator did not run (e.g. BSARec with alpha = 1)
+        if self._draw is None or self.frozen:
+            return 0.0  # the operator did not run (e.g. BSARec with alpha = 1), or Phi is fixed
         uniform, relevant, index = self._draw
         if self.estimator == "ARM":
             if second is None:
@@ -258,7 +273,7 @@ class DenoisingMaskAttention(nn.Module):
                 "which needs the loss of every forward pass, and this model's "
                 "calculate_loss does not train through objectives.DenoisingObjective"
             )
-        if self.sparsity_beta == 0.0:
+        if self.sparsity_beta == 0.0 or self.frozen:
             return 0.0
         return self.sparsity_scale * self.sparsity_beta * torch.sigmoid(self.phi).sum()
 
@@ -267,7 +282,7 @@ class DenoisingMaskAttention(nn.Module):
         return (
             f"estimator={self.estimator}, masks={heads}x{seq_len}x{seq_len}, "
             f"sparsity_beta={self.sparsity_beta}, sparsity_scale={self.sparsity_scale:.3g}, "
-            f"mask_sampling={self.mask_sampling}"
+            f"mask_sampling={self.mask_sampling}" + (", frozen" if self.frozen else "")
         )
 
 

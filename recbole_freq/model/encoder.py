@@ -11,6 +11,10 @@ code of its own:
   (Rec-Denoiser eq. 5);
 - ``RESIDUAL_PATHS`` (``residual``): what closes every sub-layer: ``standard`` (BSARec
   eq. 9) or ``fourier_truncated`` (PolyRec eq. 13);
+- ``BLOCK_NORMS`` (``block_norm``): where the LayerNorms sit: ``post`` (after each
+  residual, BSARec eq. 9, RecBole's SASRec) or ``sasrec_pre`` (SASRec's own code: each
+  sub-layer reads ``LayerNorm(x)``, the residual adds to it, one LayerNorm closes the
+  encoder; ``layers.PreNormResidual``);
 - ``key_value_relations``: attention takes ``layers.KeyValueRelations`` with every
   forward pass (TiSASRec's time intervals, ``time_intervals`` in the model's config);
   the operators that can use them say so with their component's ``accepts_relations``.
@@ -35,6 +39,7 @@ from recbole_freq.model.frequency import (
 from recbole_freq.model.layers import (
     FeedForward,
     MultiHeadSelfAttention,
+    PreNormResidual,
     SelfAttentionMixer,
     SoftmaxAttention,
     StandardResidual,
@@ -82,7 +87,14 @@ ATTENTION_OPERATORS: dict[str, Component] = {
         lambda ctx, **options: DenoisingMaskAttention(
             ctx.max_seq_length, ctx.n_heads, ctx.attn_dropout_prob, **options
         ),
-        ("estimator", "sparsity_beta", "mask_per_head", "mask_sampling", "mask_init_prob"),
+        (
+            "estimator",
+            "sparsity_beta",
+            "mask_per_head",
+            "mask_sampling",
+            "mask_init_prob",
+            "mask_learning",
+        ),
         accepts_relations=True,
     ),
 }
@@ -98,6 +110,7 @@ RESIDUAL_PATHS: dict[str, Component] = {
 }
 
 TOKEN_MIXERS = ("self_attention", "bsa", "filter")
+BLOCK_NORMS = ("post", "sasrec_pre")
 
 
 def _lookup(registry: dict[str, Component], kind: str, name: str) -> Component:
@@ -129,12 +142,20 @@ def build_encoder(
     fusion_weights: Sequence[float] | None = None,
     learn_fusion_weights: bool = False,
     key_value_relations: bool = False,
+    block_norm: str = "post",
 ) -> TransformerEncoder:
     """Assemble the encoder from configuration (the names are RecBole's config keys)."""
     operator, residual_path = _checked_components(
         n_layers, n_heads, (hidden_dropout_prob, attn_dropout_prob), token_mixer,
         attention_operator, residual, key_value_relations,
     )  # fmt: skip
+    _check_block_norm(block_norm, token_mixer, residual)
+    if block_norm == "sasrec_pre":
+        residual_path = Component(
+            lambda ctx: PreNormResidual(
+                ctx.hidden_size, ctx.hidden_dropout_prob, ctx.layer_norm_eps
+            )
+        )
     blocks = []
     for layer_index in range(n_layers):
         context = LayerContext(
@@ -164,7 +185,21 @@ def build_encoder(
                 mixer, feed_forward, fusion_branches, fusion_weights, learn_fusion_weights
             )
         )
-    return TransformerEncoder(blocks)
+    final_norm = None
+    if block_norm == "sasrec_pre":
+        final_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+    return TransformerEncoder(blocks, final_norm)
+
+
+def _check_block_norm(block_norm, token_mixer, residual) -> None:
+    if block_norm not in BLOCK_NORMS:
+        raise ValueError(f"block_norm={block_norm!r} is unknown; choose from {list(BLOCK_NORMS)}")
+    if block_norm == "sasrec_pre" and (token_mixer != "self_attention" or residual != "standard"):
+        raise ValueError(
+            "block_norm='sasrec_pre' is SASRec's block: it needs self-attention and the "
+            f"standard residual (this model has token_mixer={token_mixer!r}, "
+            f"residual={residual!r}); use block_norm: post"
+        )
 
 
 def _checked_components(

@@ -201,6 +201,28 @@ class StandardResidual(nn.Module):
         return self.layer_norm(sublayer_input + self.dropout(sublayer_output))
 
 
+class PreNormResidual(nn.Module):
+    """The residual path of SASRec's own code (Kang and McAuley, ``model.py``): the
+    sub-layer reads its input through a LayerNorm, ``y = LayerNorm(x)``, and the residual
+    is added to that normalised input, ``y + Dropout(f(y))``, with no LayerNorm after it;
+    the encoder closes with one LayerNorm (``block_norm: sasrec_pre``).  In the attention
+    sub-layer only the queries are normalised, the keys and values read ``x`` itself, as
+    there.  ``normalise`` is the LayerNorm the sub-layer applies first."""
+
+    normalises_input = True
+
+    def __init__(self, hidden_size, dropout_prob, layer_norm_eps):
+        super().__init__()
+        self.input_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.dropout = Dropout(dropout_prob)
+
+    def normalise(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.input_norm(hidden)
+
+    def forward(self, sublayer_output: torch.Tensor, normalised_input: torch.Tensor):
+        return normalised_input + self.dropout(sublayer_output)
+
+
 class Dropout(nn.Module):
     """Inverted dropout with the same Bernoulli(1 - p) masks as ``nn.Dropout``.
 
@@ -356,12 +378,19 @@ class MultiHeadSelfAttention(nn.Module):
         batch, seq_len, _ = hidden.shape
         qkv = self.qkv(hidden).view(batch, seq_len, 3, self.n_heads, self.head_size)
         query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        skip = hidden
+        if getattr(self.residual, "normalises_input", False):
+            # SASRec's pre-LN block: queries from LayerNorm(x), keys and values from x.
+            skip = self.residual.normalise(hidden)
+            width = skip.size(-1)
+            query = F.linear(skip, self.qkv.weight[:width], self.qkv.bias[:width])
+            query = query.view(batch, seq_len, self.n_heads, self.head_size).transpose(1, 2)
         if relations is None:
             context = self.operator(query, key, value, mask)
         else:  # only operators with ``accepts_relations`` are built with relations
             context = self.operator(query, key, value, mask, relations)
         context = context.transpose(1, 2).reshape(batch, seq_len, -1)
-        return self.residual(self.dense(context), hidden)
+        return self.residual(self.dense(context), skip)
 
 
 class SelfAttentionMixer(nn.Module):
@@ -393,6 +422,8 @@ class FeedForward(nn.Module):
         self.residual = residual
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if getattr(self.residual, "normalises_input", False):
+            hidden = self.residual.normalise(hidden)
         return self.residual(self.dense_out(self.activation(self.dense_in(hidden))), hidden)
 
 
@@ -450,17 +481,24 @@ class TransformerBlock(nn.Module):
 
 
 class TransformerEncoder(nn.Module):
-    """A stack of ``TransformerBlock`` s; optionally returns every layer's output."""
+    """A stack of ``TransformerBlock`` s; optionally returns every layer's output.
 
-    def __init__(self, blocks: Sequence[TransformerBlock]):
+    ``final_norm``: a LayerNorm after the last block (pre-LN blocks, ``block_norm:
+    sasrec_pre``, as SASRec's ``last_layernorm``); it is part of the last layer's output.
+    """
+
+    def __init__(self, blocks: Sequence[TransformerBlock], final_norm: nn.Module | None = None):
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
+        self.final_norm = final_norm
 
     def forward(self, hidden, mask, output_all_layers: bool = False, relations=None):
         outputs = []
         for block in self.blocks:
             hidden = block(hidden, mask, relations)
             outputs.append(hidden)
+        if self.final_norm is not None:
+            hidden = outputs[-1] = self.final_norm(hidden)
         return outputs if output_all_layers else hidden
 
 

@@ -192,7 +192,9 @@ class DenoisingObjective:
         try:
             for operator in operators:
                 operator.begin_step(generator)
-            if estimators == {"ARM"}:
+            if all(operator.frozen for operator in operators):
+                first, second = run_pass(), None  # nothing to estimate: one pass
+            elif estimators == {"ARM"}:
                 cuda = [] if device.type != "cuda" else [torch.device(device).index or 0]
                 with torch.random.fork_rng(devices=cuda):
                     first = run_pass()

@@ -18,7 +18,8 @@ The hooks, each a method (or a callable attribute the caller sets):
   ``masked_next`` with ``MaskedNextLoss`` (RecBole's BERT4Rec as the BSARec authors
   train it; ``protocol.losses``); with ``amp_dtype`` the epoch's autocast takes that type.
 - **Optimizer groups** (``_build_optimizer``): a plugin model's own parameter groups
-  (Rec-Denoiser's ``mask_learning_rate``).
+  (Rec-Denoiser's ``mask_learning_rate``), and Adam's ``adam_beta2`` (SASRec's code
+  trains with 0.98, torch's default is 0.999).
 - **Epoch record** (``_train_epoch``, ``_valid_epoch``): ``history`` gets each epoch's
   loss, seconds, validation metrics and the model's ``epoch_report``; ``best_epoch``
   and ``train_seconds`` read it.
@@ -69,6 +70,7 @@ from recbole_freq.protocol.losses import (
 from recbole_freq.protocol.pieces import ProtocolError, protocol_settings
 from recbole_freq.protocol.rows import HISTORY_LENGTH, HISTORY_START, UserHistories
 from recbole_freq.protocol.sampled_scoring import SampledScorer
+from recbole_freq.utils.options import as_number
 from recbole_freq.utils.process_group import broadcast_from_writer, writing_rank
 
 # Mixed-precision types of `amp_dtype` (with RecBole's `enable_amp`).
@@ -160,7 +162,12 @@ class FreqTrainer(Trainer):
             groups = self.model.optimizer_parameter_groups()
             if groups is not None:
                 kwargs["params"] = groups
-        return super()._build_optimizer(**kwargs)
+        optimizer = super()._build_optimizer(**kwargs)
+        beta2 = adam_beta2(self.config, kwargs.get("learner", self.learner))
+        if beta2 is not None:
+            for group in optimizer.param_groups:
+                group["betas"] = (group["betas"][0], beta2)
+        return optimizer
 
     def _train_epoch(self, train_data, epoch_idx, loss_func=None, show_progress=False):
         self.current_epoch = epoch_idx
@@ -372,6 +379,25 @@ def history_index(interaction, histories: UserHistories):
 
 
 _TRAINER_CLASSES: dict[type, type] = {Trainer: FreqTrainer}
+
+
+def adam_beta2(config, learner: str) -> float | None:
+    """``adam_beta2`` for an Adam learner (``adam``, ``adamw``); None where it leaves
+    the optimizer as RecBole builds it.  Another learner with a value other than torch's
+    0.999 is refused: the setting would do nothing."""
+    value = config["adam_beta2"] if "adam_beta2" in config else None
+    if value is None:
+        return None
+    number = as_number(value)
+    if isinstance(value, bool) or not 0.0 <= number < 1.0:
+        raise ValueError(f"adam_beta2={value!r} must be a number in [0, 1), e.g. 0.98 or 0.999")
+    if str(learner).lower() not in ("adam", "adamw"):
+        if number != 0.999:
+            raise ValueError(
+                f"adam_beta2={value!r} applies to learner adam or adamw, not {learner!r}"
+            )
+        return None
+    return number
 
 
 def trainer_class(config) -> type:

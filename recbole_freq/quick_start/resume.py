@@ -272,9 +272,12 @@ def settings_differences(saved_config, config) -> list[str]:
 
 
 def _added_since(key, old: dict, new: dict) -> bool:
-    """A setting of the shared core that the interrupted run's configuration predates,
-    now at the default it ran with then (``TransformerRecommender.yaml``)."""
+    """A setting of the shared core or of every run that the interrupted run's
+    configuration predates, now at the default it ran with then
+    (``TransformerRecommender.yaml``, ``overall.yaml``: ``adam_beta2`` 0.999 is the Adam
+    every earlier run trained with)."""
     from recbole_freq.model.abstract_recommender import core_defaults
+    from recbole_freq.utils.property_files import properties_dir, read_config_file
 
-    defaults = core_defaults()
+    defaults = {**read_config_file(properties_dir() / "overall.yaml"), **core_defaults()}
     return key not in old and key in defaults and str(new.get(key)) == str(defaults[key])
