@@ -154,3 +154,5 @@ def test_a_comparison_marks_every_metric_not_above_the_count_baselines(small_con
         assert rows["SASRec"][f"{metric}_above_counts"] == str(above)
         assert cells[header.index(metric)].endswith("†") is not above, metric
     assert "Count baselines (TransitionCount, TransitionCount [last-5])" in markdown
+    assert rows["TransitionCount"]["loss"] == "none (counts of the training rows)"
+    assert "Gain over each loss" not in markdown  # a variant is not another loss

@@ -305,7 +305,9 @@ def training_loss_label(model, config) -> str:
     """The loss a run trains with, as every table names it: the protocol's sampled loss
     (``BCE, 1 negative`` at the last position or ``per position``; ``BPR, 1 negative``)
     or the model's own (its ``loss_type``, e.g. ``CE``), with each term the model adds
-    (contrastive, frequency-domain, Caser's ``L2``)."""
+    (contrastive, frequency-domain, Caser's ``L2``); a count model trains with none."""
+    if not getattr(model, "learns_by_gradient", True):
+        return "none (counts of the training rows)"
     settings = protocol_settings(config)
     loss_type = config["loss_type"] if "loss_type" in config else None
     base = loss_base_label(settings["train_loss"], settings["train_rows"], loss_type)

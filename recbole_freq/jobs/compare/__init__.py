@@ -155,14 +155,15 @@ def loss_variant_gains(records, group, baselines, seeds, metrics, correction) ->
     ``SASRec@train_loss=model``), each proposed model's gain over each of them, labelled
     with that loss, with the same tests as the Improv. rows (paired t across seeds, paired
     t and Wilcoxon across users); empty otherwise."""
-    names = [split_entry(entry)[0] for entry in group if entry in baselines]
+    # A named variant is another row, not another loss of the same model.
+    names = [entry_label(entry) for entry in group if entry in baselines]
     repeated = {name for name in names if names.count(name) > 1}
-    if not repeated:
+    if not repeated or all(entry in baselines for entry in group):
         return ""
     lines = ["| gain | over | " + " | ".join(metrics) + " |", "|" + "---|" * (len(metrics) + 2)]
     for proposed in (entry for entry in group if entry not in baselines):
         for baseline in group:
-            if baseline not in baselines or split_entry(baseline)[0] not in repeated:
+            if baseline not in baselines or entry_label(baseline) not in repeated:
                 continue
             rows = summarise(records, [baseline, proposed], seeds, metrics, {baseline})
             add_per_user_tests(rows, records, seeds, metrics, correction)
