@@ -322,11 +322,12 @@ def _table_notes(rows, metrics, dataset, seeds, correction) -> list[str]:
             for row in rows
             if any(row.get(f"{m}_above_counts") is False for m in metrics)
         ]
+        others = len(rows) > len(counts)
+        verdict = f" ({', '.join(below)})." if below else "; every other row is above them."
         notes.append(
             f"Count baselines ({', '.join(counts)}): each item scored by how often it followed "
-            "the row's newest items in the training rows, nothing learned. †: not above the "
-            "best count baseline on that metric"
-            + (f" ({', '.join(below)})." if below else "; every other row is above them.")
+            "the row's newest items in the training rows, nothing learned."
+            + (" †: not above the best count baseline on that metric" + verdict if others else "")
         )
     masked = [row for row in rows if row.get("pruned_fractions")]
     if masked:
