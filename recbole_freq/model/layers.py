@@ -375,16 +375,20 @@ class MultiHeadSelfAttention(nn.Module):
         self.residual = residual
 
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor, relations=None) -> torch.Tensor:
-        batch, seq_len, _ = hidden.shape
-        qkv = self.qkv(hidden).view(batch, seq_len, 3, self.n_heads, self.head_size)
-        query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        batch, seq_len, width = hidden.shape
         skip = hidden
         if getattr(self.residual, "normalises_input", False):
             # SASRec's pre-LN block: queries from LayerNorm(x), keys and values from x.
             skip = self.residual.normalise(hidden)
-            width = skip.size(-1)
-            query = F.linear(skip, self.qkv.weight[:width], self.qkv.bias[:width])
+            weight, bias = self.qkv.weight, self.qkv.bias
+            query = F.linear(skip, weight[:width], bias[:width])
             query = query.view(batch, seq_len, self.n_heads, self.head_size).transpose(1, 2)
+            kv = F.linear(hidden, weight[width:], bias[width:])
+            kv = kv.view(batch, seq_len, 2, self.n_heads, self.head_size)
+            key, value = kv.permute(2, 0, 3, 1, 4).unbind(0)
+        else:
+            qkv = self.qkv(hidden).view(batch, seq_len, 3, self.n_heads, self.head_size)
+            query, key, value = qkv.permute(2, 0, 3, 1, 4).unbind(0)
         if relations is None:
             context = self.operator(query, key, value, mask)
         else:  # only operators with ``accepts_relations`` are built with relations
