@@ -1,13 +1,19 @@
 """recbole-freq: frequency-domain and denoising sequential recommenders for RecBole.
 
-Importing the package installs RecBole's fixes (``compat``; each is applied when the
+Importing the package first asks torch's OpenMP threads to sleep rather than spin while
+they wait (``utils/threads.py``: a passive wait policy, unless the user set one), then
+installs RecBole's fixes (``compat``; each is applied when the
 RecBole module it repairs is first imported, so the import itself stays light),
 registers the plugin's parts that those fixes call (``compat.plugin_parts``: this
 module is the top of the layers, so the fixes below never import the code above them),
 and offers ``FreqConfig``, ``MODELS`` and ``get_model_class``, loaded on first use.
 """
 
-from recbole_freq import compat
+from recbole_freq.utils.threads import prefer_passive_wait
+
+prefer_passive_wait()  # before anything loads torch (and with it OpenMP): utils/threads.py
+
+from recbole_freq import compat  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["FreqConfig", "MODELS", "get_model_class", "__version__"]

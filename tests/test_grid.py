@@ -54,7 +54,16 @@ def test_packed_grid_gives_the_numbers_of_one_run_after_another(small_config, tm
             for folder in ("packed", "in-order")
         }
         assert runs["packed"]["test_result"] == runs["in-order"]["test_result"]
-        assert runs["packed"]["environment"]["torch_threads"] == 1
+        packed = runs["packed"]["environment"]
+        assert (
+            packed["torch_threads"] == 1 and packed["torch_threads_set_by"] == "--threads_per_run"
+        )
+        # Spawned workers inherit the passive OpenMP wait policy (utils/threads.py).
+        assert packed["omp_wait_policy"] == runs["in-order"]["environment"]["omp_wait_policy"]
+        assert (
+            packed["omp_wait_policy_set_by"]
+            == runs["in-order"]["environment"]["omp_wait_policy_set_by"]
+        )
         assert (tmp_path / "packed" / dataset / "comparison.md").is_file()
     table = (tmp_path / "packed" / "grid.md").read_text()
     assert "| model | tiny | wide |" in table and table in printed

@@ -31,7 +31,10 @@ the processor as well (``cpu_capability`` in the record, e.g. AVX512 or AVX2), a
 machines set ``ATEN_CPU_CAPABILITY=avx2`` in the environment of every process.
 
 ``torch_threads`` alone pins the thread count without the rest.  A run without either
-keeps torch's default thread count, which is the machine's core count.
+(and outside a packed comparison) takes ``threads.default_threads()``: the cores this
+process may use (affinity mask, container quota), or fewer where ``OMP_NUM_THREADS`` or
+an earlier ``torch.set_num_threads`` asked for fewer; ``torch_threads_set_by`` in the
+record says which rule set the count.
 """
 
 from __future__ import annotations
@@ -39,8 +42,11 @@ from __future__ import annotations
 import os
 import platform
 
-_DEFAULT_THREADS: int | None = None
+from recbole_freq.utils.threads import default_threads, usable_cores, wait_policy_record
+
+_DEFAULT_THREADS: tuple[int, str] | None = None
 _PACKED_THREADS: int | None = None
+_THREADS_SET_BY: str | None = None
 # CUDA's documented setting for deterministic cuBLAS (the CUDA Toolkit's "Results
 # reproducibility" section); it must be in the environment before cuBLAS starts.
 CUBLAS_WORKSPACE = ":4096:8"
@@ -60,15 +66,23 @@ def _setting(config, key):
 
 
 def run_threads(config) -> int | None:
-    """The intra-op thread count a run pins (``None``: torch's default)."""
+    """The intra-op thread count a run pins (``None``: the process's default)."""
+    return _pinned_threads(config)[0]
+
+
+def _pinned_threads(config) -> tuple[int | None, str | None]:
     threads = _setting(config, "torch_threads")
     if threads is not None:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ThreadSettingError(
                 f"torch_threads={threads!r} must be a whole number of threads, 1 or more"
             )
-        return threads
-    return (_PACKED_THREADS or 1) if _setting(config, "deterministic") else None
+        return threads, "torch_threads"
+    if _setting(config, "deterministic"):
+        if _PACKED_THREADS:
+            return _PACKED_THREADS, "deterministic, --threads_per_run"
+        return 1, "deterministic (1 thread unless torch_threads)"
+    return None, None
 
 
 def give_packed_runs(threads: int) -> None:
@@ -81,15 +95,20 @@ def give_packed_runs(threads: int) -> None:
 def apply_determinism(config) -> None:
     """Set this process's threads and deterministic algorithms as ``config`` asks; a
     later run in the same process (a comparison, a search) that asks for neither gets
-    torch's defaults back."""
+    the process's default threads (``threads.default_threads``) back."""
     import torch
 
-    global _DEFAULT_THREADS
+    global _DEFAULT_THREADS, _THREADS_SET_BY
     first_run = _DEFAULT_THREADS is None
     if first_run:
-        _DEFAULT_THREADS = torch.get_num_threads()
-    threads = run_threads(config)
-    torch.set_num_threads(threads or _DEFAULT_THREADS)
+        _DEFAULT_THREADS = default_threads()
+    threads, why = _pinned_threads(config)
+    if threads is None and _PACKED_THREADS:
+        threads, why = _PACKED_THREADS, "--threads_per_run"
+    elif threads is None:
+        threads, why = _DEFAULT_THREADS
+    torch.set_num_threads(threads)
+    _THREADS_SET_BY = why
     deterministic = bool(_setting(config, "deterministic"))
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
@@ -139,7 +158,9 @@ def environment_record(config) -> dict:
         "device": str(device),
         "device_name": device_name,
         "cpu_count": os.cpu_count(),
+        "usable_cores": usable_cores(),
         "torch_threads": torch.get_num_threads(),
+        "torch_threads_set_by": _THREADS_SET_BY,
         "torch_interop_threads": torch.get_num_interop_threads(),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
@@ -147,4 +168,5 @@ def environment_record(config) -> dict:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "mkl_cbwr": os.environ.get("MKL_CBWR"),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        **wait_policy_record(),
     }
