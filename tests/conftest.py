@@ -163,9 +163,20 @@ def _isolated_cwd(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["pytest"])
 
 
-def recbole_state(model, reference):
-    """Load ``model``'s weights into RecBole's SASRec / BERT4Rec ``reference``; returns,
-    per RecBole parameter name, ``(our parameter, rows)`` (rows of the fused QKV)."""
+# How RecBole names a Transformer layer's parts: SASRec / BERT4Rec, and FEARec
+RECBOLE_SASREC_NAMES = ("trm_encoder.layer", "multi_head_attention", ("query", "key", "value"))
+RECBOLE_FEAREC_NAMES = (
+    "item_encoder.layer",
+    "hybrid_attention",
+    ("query_layer", "key_layer", "value_layer"),
+)
+
+
+def recbole_state(model, reference, names=RECBOLE_SASREC_NAMES):
+    """Load ``model``'s weights into RecBole's SASRec / BERT4Rec / FEARec ``reference``
+    (``names``: how it names its layers); returns, per RecBole parameter name, ``(our
+    parameter, rows)`` (rows of the fused QKV)."""
+    layers, attention_name, projections = names
     pairs = {
         "item_embedding": model.embedding.item_embedding,
         "position_embedding": model.embedding.position_embedding,
@@ -174,19 +185,19 @@ def recbole_state(model, reference):
     shared = {}
     for i, block in enumerate(model.encoder.blocks):
         attention, ffn = block.mixer.attention, block.feed_forward
-        prefix = f"trm_encoder.layer.{i}."
+        prefix = f"{layers}.{i}."
         size = attention.qkv.weight.size(0) // 3
-        for part, name in enumerate(("query", "key", "value")):
+        for part, name in enumerate(projections):
             for kind in ("weight", "bias"):
                 rows = slice(part * size, (part + 1) * size)
-                shared[f"{prefix}multi_head_attention.{name}.{kind}"] = (
+                shared[f"{prefix}{attention_name}.{name}.{kind}"] = (
                     getattr(attention.qkv, kind),
                     rows,
                 )
         pairs.update(
             {
-                f"{prefix}multi_head_attention.dense": attention.dense,
-                f"{prefix}multi_head_attention.LayerNorm": attention.residual.layer_norm,
+                f"{prefix}{attention_name}.dense": attention.dense,
+                f"{prefix}{attention_name}.LayerNorm": attention.residual.layer_norm,
                 f"{prefix}feed_forward.dense_1": ffn.dense_in,
                 f"{prefix}feed_forward.dense_2": ffn.dense_out,
                 f"{prefix}feed_forward.LayerNorm": ffn.residual.layer_norm,
@@ -202,6 +213,13 @@ def recbole_state(model, reference):
     catalogue = reference.item_embedding.weight.size(0)
     shared["item_embedding.weight"] = (shared["item_embedding.weight"][0], slice(0, catalogue))
     state = {name: parameter.detach()[rows].clone() for name, (parameter, rows) in shared.items()}
+    # A module RecBole registers twice (FEARec's last block is also item_encoder.layer_ramp)
+    # is one set of tensors under two names: give the second name the same weights.
+    theirs = reference.state_dict(keep_vars=True)
+    named = {id(tensor): name for name, tensor in theirs.items() if name in state}
+    for name, tensor in theirs.items():
+        if name not in state and id(tensor) in named:
+            state[name] = state[named[id(tensor)]]
     reference.load_state_dict(state, strict=True)
     return shared
 

@@ -8,14 +8,21 @@ import pytest
 import torch
 
 from recbole_freq.model import MODELS
-from recbole_freq.model.frequency import FrequencyRescaler, LearnableFilter
+from recbole_freq.model.frequency import (
+    FrequencyEnhancedAttention,
+    FrequencyRescaler,
+    LearnableFilter,
+)
 from recbole_freq.model.polynomial import TruncatedResidual
 from recbole_freq.quick_start.quick_start import run
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_every_plugin_model_trains_under_mixed_precision(small_config, model):
-    summary = run(model, "tiny", config_dict=dict(small_config, epochs=1, enable_amp=True))
+    settings = dict(small_config, epochs=1, enable_amp=True)
+    if model == "FEARec":  # int(10 ln 12) delays would not fit these short rows
+        settings["topk_factor"] = 3
+    summary = run(model, "tiny", config_dict=settings)
     losses = [epoch["train_loss"] for epoch in summary["history"]]
     assert losses and all(math.isfinite(loss) for loss in losses)
     assert all(0 <= value <= 1 for value in summary["test_result"].values())
@@ -26,6 +33,9 @@ FILTERS = {
     "BSARec low-pass (fft)": lambda: FrequencyRescaler(12, 3, 16, method="fft"),
     "FMLP-Rec filter": lambda: LearnableFilter(12, 16),
     "PolyRec truncated residual": lambda: TruncatedResidual(16, 12, 0.0, 1e-12, 0.5, 4),
+    "FEARec hybrid attention": lambda: FrequencyEnhancedAttention(
+        12, 0, 2, 0.0, topk_factor=3, dual_domain=True, spatial_ratio=0.1, std=True
+    ),
 }
 
 
@@ -34,11 +44,14 @@ def test_frequency_filters_compute_in_float32_under_autocast(name):
     torch.manual_seed(0)
     layer = FILTERS[name]().eval()
     hidden = torch.randn(4, 12, 16)
-    apply = (
-        (lambda x: layer.truncated_skip(x))
-        if isinstance(layer, TruncatedResidual)
-        else (lambda x: layer(x))
-    )
+    if isinstance(layer, TruncatedResidual):
+        apply = layer.truncated_skip
+    elif isinstance(layer, FrequencyEnhancedAttention):  # per head: (4, 2 heads, 12, 8)
+        mask = torch.ones(4, 1, 12, 12, dtype=torch.bool).tril()
+        parts = [torch.randn(4, 2, 12, 8) for _ in range(3)]
+        apply = lambda x: layer(parts[0] + x[:, None, :, :8], parts[1], parts[2], mask)  # noqa: E731
+    else:
+        apply = layer
     full = apply(hidden)
     with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
         mixed = apply(hidden)

@@ -21,7 +21,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-BASELINES = ["SASRec", "BERT4Rec", "GRU4Rec", "FEARec"]
+BASELINES = ["SASRec", "BERT4Rec", "GRU4Rec"]  # RecBole's; FEARec is in MODELS
 
 
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp"])
@@ -31,8 +31,8 @@ def test_every_model_trains_an_epoch_on_cuda(small_config, model, amp):
     if model == "GRU4Rec":
         settings = without_transformer_settings(settings)
     if model == "FEARec":
-        # Its time delays need L >= 36 at topk_factor 10 (under AMP compat fix 21 keeps
-        # its frequency attention in float32, whatever the length).
+        # Its time delays need L >= 36 at topk_factor 10 (under AMP its frequency
+        # attention computes in float32, whatever the length).
         settings["MAX_ITEM_LIST_LENGTH"] = 50
     summary = run(model, "tiny", config_dict=settings)
     assert summary["device"].startswith("cuda")

@@ -32,8 +32,8 @@ PAPER_LOSSES = {
     "GRU4Rec": "BPR, 1 negative, last position",
     "FMLPRec": "BCE, 1 negative, last position",
     "DuoRec": "CE (model's own) + contrastive term (contrast=us_x, lmd=0.1, lmd_sem=0.1)",
-    "FEARec": "CE (model's own) + contrastive term (contrast=us_x) + frequency-domain term "
-    "(fredom=True)",
+    "FEARec": "CE (model's own) + contrastive term (contrast=us_x, lmd=0.1, lmd_sem=0.1) + "
+    "frequency-domain term (fredom_type=us_x, 0.1)",
     "BERT4Rec": "CE, next item at a masked slot",
 }
 PROPERTIES = Path(__file__).resolve().parents[1] / "properties" / "paper"

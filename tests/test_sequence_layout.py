@@ -84,9 +84,9 @@ def test_each_accepted_builtin_reads_the_authors_rows(small_config, name):
     config, train, _, test = prepare(
         name, dict(settings_of(name, small_config), sequence_layout="left")
     )
-    from recbole_freq.config.configurator import get_model_class
+    from recbole.utils import get_model
 
-    original = get_model_class(name)
+    original = get_model(name)  # RecBole's class (FEARec by that name is the plugin's)
     laid_model = builtin_class(original, config)(config, train._dataset).eval()
     plain = original(config, train._dataset).eval()
     plain.load_state_dict(laid_model.state_dict())

@@ -431,9 +431,20 @@ def test_pairwise_loss_without_negatives_is_refused(small_config, tmp_path, caps
 
 
 def test_a_recbole_model_that_cannot_be_built_is_one_line(small_config, capsys):
-    assert run_main(dict(small_config, n_layers=1, topk_factor=1), model="FEARec") == 2
+    transformer = ("n_heads", "n_layers", "inner_size", "hidden_size")
+    settings = {k: v for k, v in small_config.items() if k not in transformer}
+    assert run_main(dict(settings, short_item_length=99), model="SHAN") == 2
     err = one_error_line(capsys)
-    assert err.startswith("error: FEARec cannot be built with these settings: ")
+    assert err.startswith("error: SHAN cannot be built with these settings: AssertionError")
+
+
+def test_fearec_with_one_layer_is_one_line(small_config, capsys):
+    """RecBole's FEARec divided by n_layers - 1 (ZeroDivisionError); the plugin's says why."""
+    assert run_main(dict(small_config, n_layers=1, topk_factor=1), model="FEARec") == 2
+    assert one_error_line(capsys).strip() == (
+        "error: FEARec's frequency ramp slides over n_layers - 1 steps: n_layers=1 must be "
+        "at least 2"
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """recbole-freq models; ``MODELS`` maps each model name to its class, ``BASELINES`` names
-the ones that are the papers' baselines (reimplemented here because RecBole lacks them)."""
+the ones that are the papers' baselines (reimplemented here because RecBole lacks them,
+or, FEARec, because RecBole's draws its positives and delays with per-row Python loops)."""
 
 from recbole_freq.model import sequential_recommender
 from recbole_freq.model.sequential_recommender import (
@@ -9,6 +10,7 @@ from recbole_freq.model.sequential_recommender import (
     CL4SRec,
     DuoRec,
     FBSARec,
+    FEARec,
     FMLPRec,
     PolyRec,
     RecDenoiser,
@@ -24,6 +26,7 @@ MODELS = {
         FMLPRec,
         DuoRec,
         CL4SRec,
+        FEARec,
         TiSASRec,
         SSEPT,
         PolyRec,
@@ -33,6 +36,8 @@ MODELS = {
     )
 }
 # Comparisons count these with RecBole's built-ins as baselines (the Improv. row).
-BASELINES = frozenset({"FMLPRec", "DuoRec", "CL4SRec", "TiSASRec", "SSEPT", "TransitionCount"})
+BASELINES = frozenset(
+    {"FMLPRec", "DuoRec", "CL4SRec", "FEARec", "TiSASRec", "SSEPT", "TransitionCount"}
+)
 
 __all__ = ["BASELINES", "MODELS", *sequential_recommender.__all__]

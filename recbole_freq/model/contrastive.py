@@ -54,33 +54,58 @@ def nt_xent(
 
 
 class SameTargetSampler(nn.Module):
-    """Supervised positives of PolyRec eq. 16 and DuoRec's same-target augmentation: for
-    each sequence, another
-    *training* sequence with the same target item, drawn uniformly.
+    """Supervised positives of PolyRec eq. 16 and DuoRec's and FEARec's same-target
+    augmentation: for each sequence, another *training* sequence with the same target
+    item, drawn uniformly.
 
-    The index is built once from the training dataset: its distinct ``(target,
-    sequence)`` rows, grouped by target (``rows``, with ``group_start`` / ``group_size``
-    per item id).  A draw is then a few vectorised gathers per batch, on the model's
-    device.  A sequence is never paired with itself, nor with an identical copy (another
-    user with the same history and target): duplicates are removed from the groups, and
-    a draw lands uniformly on the *other* members of the anchor's group: pick ``r`` in
-    ``[0, size - 1)``; if member ``r`` is the anchor, take the last member instead (when
-    the anchor is the last member, ``r`` never hits it).  ``found`` is False where the
-    group holds no other sequence (the target occurs once, or only with this history).
+    The index is built once from the training dataset: its ``(target, sequence)`` rows
+    grouped by target (``rows``, with ``group_start`` / ``group_size`` per item id).  A
+    draw is then a few vectorised gathers per batch, on the model's device.  A sequence
+    is never paired with itself, nor with an identical copy (another user with the same
+    history and target).  ``weighting`` says how identical copies of *other* sequences
+    count:
 
-    Only the dataset given here is indexed; RecBole hands models the training split, so
-    validation and test sequences never serve as positives.  The sequences are kept by
-    reference (no copy on the CPU) and as non-persistent buffers, so they follow the
-    model to its device and stay out of checkpoints.
+    - ``distinct`` (DuoRec, PolyRec): duplicates are removed from the groups, every
+      distinct other sequence is equally likely; a draw picks ``r`` in ``[0, size - 1)``
+      and, if member ``r`` is the anchor, takes the last member instead (when the anchor
+      is the last member, ``r`` never hits it);
+    - ``rows`` (FEARec): every training row counts, as RecBole's FEARec draws (rows of the
+      target taken in random order until one's sequence differs from the anchor's): the
+      groups keep their duplicates, identical rows side by side, and a draw is uniform
+      over the group's rows outside the anchor's block of copies.  The anchor's block is
+      found through a hash of ``(target, sequence)`` (two sums modulo ``2^31 - 1`` with
+      random weights, unique over the training rows, checked when the index is built)
+      and confirmed by comparing the sequences themselves, so that a sequence absent
+      from the training rows has no block.
+
+    ``found`` is False where the group holds no other sequence (the target occurs once,
+    or only with this history).  Only the dataset given here is indexed; RecBole hands
+    models the training split, so validation and test sequences never serve as
+    positives.  The sequences are kept by reference (no copy on the CPU) and as
+    non-persistent buffers, so they follow the model to its device and stay out of
+    checkpoints.
     """
 
-    def __init__(self, item_seq: torch.Tensor, item_seq_len: torch.Tensor, targets, n_items):
+    WEIGHTINGS = ("distinct", "rows")
+    _PRIME = 2**31 - 1
+
+    def __init__(
+        self, item_seq: torch.Tensor, item_seq_len: torch.Tensor, targets, n_items,
+        weighting: str = "distinct",
+    ):  # fmt: skip
         super().__init__()
+        if weighting not in self.WEIGHTINGS:
+            raise ValueError(f"weighting={weighting!r} is unknown; choose from {self.WEIGHTINGS}")
+        self.weighting = weighting
         sequences = item_seq.cpu().numpy()
         target_ids = targets.cpu().numpy().astype(np.int64)
         keyed = pd.DataFrame(np.concatenate([target_ids[:, None], sequences], axis=1))
-        distinct = np.flatnonzero(~keyed.duplicated(keep="first").to_numpy())
-        rows = distinct[np.argsort(target_ids[distinct], kind="stable")]
+        if weighting == "distinct":
+            kept = np.flatnonzero(~keyed.duplicated(keep="first").to_numpy())
+            rows = kept[np.argsort(target_ids[kept], kind="stable")]
+        else:
+            copies = keyed.groupby(list(keyed.columns), sort=False).ngroup().to_numpy()
+            rows = np.lexsort((copies, target_ids))  # by target, copies side by side
         size = np.bincount(target_ids[rows], minlength=n_items)
         start = np.concatenate([[0], np.cumsum(size)[:-1]])
         self.register_buffer("sequences", item_seq, persistent=False)
@@ -88,11 +113,45 @@ class SameTargetSampler(nn.Module):
         self.register_buffer("rows", torch.from_numpy(rows), persistent=False)
         self.register_buffer("group_start", torch.from_numpy(start), persistent=False)
         self.register_buffer("group_size", torch.from_numpy(size), persistent=False)
+        if weighting == "rows":
+            self._index_copies(item_seq, targets, copies[rows])
         # Share of training rows that have a supervised positive (reported in the log).
         self.coverage = float((size[target_ids] > 1).mean()) if len(target_ids) else 0.0
 
+    def _index_copies(self, item_seq, targets, copies_in_order: np.ndarray) -> None:
+        """Per block of identical rows (in ``rows`` order): its first position, its size,
+        one of its rows and its hash key, sorted by key for ``searchsorted``."""
+        positions = np.flatnonzero(np.r_[True, copies_in_order[1:] != copies_in_order[:-1]])
+        block_size = np.diff(np.r_[positions, len(copies_in_order)])
+        member = self.rows[torch.from_numpy(positions)]
+        for salt in range(8):
+            weights = torch.from_numpy(
+                np.random.default_rng(salt).integers(1, self._PRIME, size=(2, item_seq.size(1) + 1))
+            )
+            self.register_buffer("hash_weights", weights, persistent=False)
+            keys = self._keys(item_seq[member], targets[member].long())
+            if keys.unique().numel() == keys.numel():
+                break
+        else:  # eight salts, each with a collision among distinct rows: not seen
+            raise RuntimeError("could not hash the training sequences without collisions")
+        order = keys.argsort()
+        self.register_buffer("block_keys", keys[order], persistent=False)
+        self.register_buffer("block_member", member[order], persistent=False)
+        self.register_buffer("block_start", torch.from_numpy(positions)[order], persistent=False)
+        self.register_buffer("block_size", torch.from_numpy(block_size)[order], persistent=False)
+
+    def _keys(self, item_seq: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """One int64 per row from two sums modulo a prime (no int64 overflow: each term
+        is reduced below 2^31 before it is added)."""
+        columns = torch.cat([item_seq.long(), targets[:, None]], dim=1) % self._PRIME
+        halves = [
+            ((columns * weights) % self._PRIME).sum(dim=1) % self._PRIME
+            for weights in self.hash_weights
+        ]
+        return halves[0] * self._PRIME + halves[1]
+
     @classmethod
-    def for_model(cls, model, dataset) -> SameTargetSampler:
+    def for_model(cls, model, dataset, weighting: str = "distinct") -> SameTargetSampler:
         """The sampler over the training rows of ``dataset`` for a sequential ``model``."""
         features = dataset.inter_feat
         return cls(
@@ -100,10 +159,13 @@ class SameTargetSampler(nn.Module):
             features[model.ITEM_SEQ_LEN],
             features[model.ITEM_ID],
             model.n_items,
+            weighting,
         )
 
     def extra_repr(self) -> str:
-        return f"distinct_sequences={self.rows.numel()}, coverage={self.coverage:.3f}"
+        if self.weighting == "distinct":
+            return f"distinct_sequences={self.rows.numel()}, coverage={self.coverage:.3f}"
+        return f"rows={self.rows.numel()}, weighting=rows, coverage={self.coverage:.3f}"
 
     def forward(self, item_seq: torch.Tensor, targets: torch.Tensor):
         """Training-row indices of the positives, and whether one was ``found``."""
@@ -112,6 +174,8 @@ class SameTargetSampler(nn.Module):
                 f"sequences of length {item_seq.size(-1)} cannot be matched against the "
                 f"training sequences of length {self.sequences.size(-1)}"
             )
+        if self.weighting == "rows":
+            return self._draw_outside_copies(item_seq, targets)
         size = self.group_size[targets]
         start = self.group_start[targets]
         last_row = self.rows.numel() - 1
@@ -123,9 +187,28 @@ class SameTargetSampler(nn.Module):
         found = (size > 1) | ((size == 1) & ~is_anchor)
         return self.rows[pick], found
 
+    def _draw_outside_copies(self, item_seq, targets):
+        size = self.group_size[targets]
+        start = self.group_start[targets]
+        keys = self._keys(item_seq, targets.long())
+        block = torch.searchsorted(self.block_keys, keys).clamp(max=self.block_keys.numel() - 1)
+        member = self.block_member[block]
+        copies_here = (self.block_keys[block] == keys) & (self.sequences[member] == item_seq).all(
+            dim=-1
+        )
+        copies = torch.where(copies_here, self.block_size[block], 0)
+        before_copies = torch.where(copies_here, self.block_start[block] - start, size)
+        choices = size - copies
+        found = choices > 0
+        draw = (torch.rand(targets.shape, device=targets.device) * choices).long()
+        draw = draw.minimum(choices - 1).clamp_min(0)
+        offset = draw + torch.where(draw >= before_copies, copies, 0)
+        pick = (start + offset).clamp(0, self.rows.numel() - 1)
+        return self.rows[pick], found
+
     def positives(self, item_seq, item_seq_len, targets):
         """Positive sequences and lengths; rows without one get their own sequence back,
-        i.e. only the dropout view (as the DuoRec and PolyRec code do)."""
+        i.e. only the dropout view (as the DuoRec, PolyRec and FEARec code do)."""
         rows, found = self(item_seq, targets)
         sequences = torch.where(found[:, None], self.sequences[rows], item_seq)
         lengths = torch.where(found, self.lengths[rows], item_seq_len)

@@ -8,7 +8,7 @@ code of its own:
   ``filter`` (FMLP-Rec's learnable filter);
 - ``ATTENTION_OPERATORS`` (``attention_operator``): queries, keys and values -> ``A V``
   per head: ``softmax`` (BSARec eq. 1), ``chebyshev`` (PolyRec eq. 10-12), ``denoise``
-  (Rec-Denoiser eq. 5);
+  (Rec-Denoiser eq. 5), ``frequency_enhanced`` (FEARec's hybrid attention);
 - ``RESIDUAL_PATHS`` (``residual``): what closes every sub-layer: ``standard`` (BSARec
   eq. 9) or ``fourier_truncated`` (PolyRec eq. 13);
 - ``BLOCK_NORMS`` (``block_norm``): where the LayerNorms sit: ``post`` (after each
@@ -33,6 +33,7 @@ from recbole_freq.model.denoising import DenoisingMaskAttention
 from recbole_freq.model.frequency import (
     BeyondSelfAttentionMixer,
     FilterMixer,
+    FrequencyEnhancedAttention,
     FrequencyRescaler,
     LearnableFilter,
 )
@@ -60,6 +61,7 @@ class LayerContext:
     attn_dropout_prob: float
     layer_norm_eps: float
     layer_index: int
+    n_layers: int = 1
     sublayer: str = ""  # for residual paths: "attention", "filter" or "feed_forward"
 
 
@@ -96,6 +98,12 @@ ATTENTION_OPERATORS: dict[str, Component] = {
             "mask_learning",
         ),
         accepts_relations=True,
+    ),
+    "frequency_enhanced": Component(
+        lambda ctx, **options: FrequencyEnhancedAttention(
+            ctx.max_seq_length, ctx.layer_index, ctx.n_layers, ctx.attn_dropout_prob, **options
+        ),
+        ("topk_factor", "global_ratio", "dual_domain", "spatial_ratio", "std"),
     ),
 }
 
@@ -166,6 +174,7 @@ def build_encoder(
             attn_dropout_prob,
             layer_norm_eps,
             layer_index,
+            n_layers,
         )
 
         def residual_for(sublayer: str, context=context) -> nn.Module:

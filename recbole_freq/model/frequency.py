@@ -5,12 +5,13 @@ filter-enhanced blocks)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from recbole_freq.model.layers import keeps_float32
+from recbole_freq.model.layers import SoftmaxAttention, keeps_float32
 
 BSA_BRANCHES = ("bsa", "sa", "ib")
 
@@ -183,3 +184,126 @@ class FilterMixer(nn.Module):
 
     def forward(self, hidden, mask, wanted: Sequence[str], relations=None):
         return {"filter": self.residual(self.filter(hidden), hidden)}
+
+
+def fearec_band(layer_index: int, n_layers: int, seq_len: int, global_ratio: float) -> range:
+    """The rfft bins layer ``layer_index`` of FEARec samples: its frequency ramp (Du et
+    al., SIGIR 2023, "frequency ramp structure"), as the authors' ``HybridAttention``
+    computes it.  With ``global_ratio > 1 / n_layers`` every layer keeps a window of
+    ``global_ratio`` of the ``n // 2 + 1`` bins, the first layer the highest, each next
+    layer slid down by ``floor(bins (1 - global_ratio) / (n_layers - 1))``; otherwise the
+    layers share the bins out in ``n_layers`` disjoint windows, highest first."""
+    if n_layers < 2:
+        raise ValueError(
+            f"FEARec's frequency ramp slides over n_layers - 1 steps: n_layers={n_layers} "
+            "must be at least 2"
+        )
+    bins = seq_len // 2 + 1
+    local_ratio = 1 / n_layers
+    if global_ratio > local_ratio:
+        width, step = global_ratio, (bins * (1 - global_ratio)) // (n_layers - 1)
+    else:
+        width, step = local_ratio, local_ratio * bins
+    return range(int(bins * (1 - width) - layer_index * step), int(bins - layer_index * step))
+
+
+def circulant_index(length: int, device=None) -> torch.Tensor:
+    """``index[t, s] = (s - t) mod length``: row ``t`` of the circulant matrix of a
+    kernel ``w`` over time delays is ``w[index[t]]``."""
+    positions = torch.arange(length, device=device)
+    return (positions[None, :] - positions[:, None]) % length
+
+
+class FrequencyEnhancedAttention(nn.Module):
+    """FEARec's hybrid attention as an attention operator, per head: (Q, K, V) -> context.
+
+    - Frequency-domain attention (the auto-correlation of Autoformer that FEARec adopts):
+      ``R = irfft(B * rfft(Q) conj(rfft(K)))`` along the sequence, ``B`` the layer's
+      ``band`` (``fearec_band``), averaged over heads and channels to one score per time
+      delay; the ``k = int(topk_factor ln n)`` strongest delays (in training the batch's,
+      in inference each row's own, as in the authors' two code paths) are
+      softmax-weighted, ``V`` rolled by each delay and summed.  The authors' loop of
+      ``k`` rolls is done here as one product with the circulant matrix of the weighted
+      delays, ``(M)_{t,s} = w(s - t mod n)``: the same sum, one batched matmul, no
+      ``k`` copies of ``V``.
+    - Time-domain attention (``dual_domain``): softmax attention over ``Q``, ``K``, ``V``
+      low-passed to the same band (``std: True``) or to every bin, mixed in with weight
+      ``spatial_ratio``.
+
+    The FFTs run in float32 outside autocast (half precision would round the spectra,
+    and rfft of a length that is not a power of two has no half-precision kernel).
+    """
+
+    def __init__(
+        self, seq_len: int, layer_index: int, n_layers: int, attn_dropout_prob: float,
+        topk_factor: float = 1.0, global_ratio: float = 0.6, dual_domain: bool = False,
+        spatial_ratio: float = 0.0, std: bool = False,
+    ):  # fmt: skip
+        super().__init__()
+        if not topk_factor > 0:
+            raise ValueError(f"FEARec needs topk_factor > 0, got {topk_factor!r}")
+        self.seq_len, self.topk_factor = seq_len, float(topk_factor)
+        self.delays = int(self.topk_factor * math.log(seq_len))
+        band = fearec_band(layer_index, n_layers, seq_len, float(global_ratio))
+        self.band_range = (band.start, band.stop)
+        bins = seq_len // 2 + 1
+        keep = torch.zeros(bins)
+        keep[band.start : band.stop] = 1.0
+        self.register_buffer("band", keep, persistent=False)
+        self.register_buffer(
+            "time_band", keep.clone() if std else torch.ones(bins), persistent=False
+        )
+        self.register_buffer("circulant", circulant_index(seq_len), persistent=False)
+        self.dual_domain, self.spatial_ratio = bool(dual_domain), float(spatial_ratio)
+        self.time_attention = SoftmaxAttention(attn_dropout_prob) if self.dual_domain else None
+
+    def forward(self, query, key, value, mask):
+        device_type = query.device.type
+        if torch.is_autocast_enabled(device_type):
+            with torch.autocast(device_type=device_type, enabled=False):
+                return self._attend(query.float(), key.float(), value.float(), mask)
+        return self._attend(query, key, value, mask)
+
+    def _attend(self, query, key, value, mask):
+        # The authors transform along the sequence with heads and channels in front.
+        query, key, value = (part.transpose(-1, -2) for part in (query, key, value))
+        query_spectrum = torch.fft.rfft(query, dim=-1)
+        key_spectrum = torch.fft.rfft(key, dim=-1)
+        correlation = torch.fft.irfft(query_spectrum * key_spectrum.conj() * self.band, dim=-1)
+        context = self.aggregate_delays(value, correlation).transpose(-1, -2)
+        if not self.dual_domain:
+            return context
+        value_spectrum = torch.fft.rfft(value, dim=-1)
+        length = value.size(-1)
+        low_passed = [
+            torch.fft.irfft(spectrum * self.time_band, n=length, dim=-1).transpose(-1, -2)
+            for spectrum in (query_spectrum, key_spectrum, value_spectrum)
+        ]
+        spatial = self.time_attention(*low_passed, mask)
+        return (1 - self.spatial_ratio) * context + self.spatial_ratio * spatial
+
+    def aggregate_delays(self, value, correlation):
+        """``sum_i w_i roll(V, -d_i)`` over the strongest delays ``d_i`` (the authors'
+        ``time_delay_agg_training`` / ``_inference``); ``value``: (batch, heads,
+        channels, n)."""
+        batch, length = value.size(0), value.size(-1)
+        # mean over heads, then channels: the authors' order, so that the top-k (and so
+        # the delays kept) agree with theirs to the bit
+        score = correlation.mean(dim=1).mean(dim=1)
+        if self.training:
+            delays = torch.topk(score.mean(dim=0), self.delays, dim=-1).indices
+            weights = score[:, delays]
+            delays = delays.expand(batch, -1)
+        else:
+            weights, delays = torch.topk(score, self.delays, dim=-1)
+        kernel = value.new_zeros(batch, length).scatter_add(1, delays, weights.softmax(dim=-1))
+        index = self.circulant if length == self.seq_len else circulant_index(length, value.device)
+        circulant = kernel[:, index]
+        mixed = torch.matmul(value.flatten(1, 2), circulant.transpose(1, 2))
+        return mixed.view_as(value)
+
+    def extra_repr(self) -> str:
+        return (
+            f"bins={self.band_range}, delays={self.delays}, dual_domain={self.dual_domain}, "
+            f"spatial_ratio={self.spatial_ratio}"
+        )

@@ -20,8 +20,8 @@ DEFAULT_MODEL = "BSARec"
 # recbole_freq.model.MODELS by name, for --help without importing torch (a test keeps
 # the two equal).
 PLUGIN_MODEL_NAMES = (
-    "BERT4RecDenoiser", "BSARec", "CL4SRec", "DuoRec", "FBSARec", "FMLPRec", "PolyRec",
-    "RecDenoiser", "SSEPT", "TiSASRec", "TransitionCount",
+    "BERT4RecDenoiser", "BSARec", "CL4SRec", "DuoRec", "FBSARec", "FEARec", "FMLPRec",
+    "PolyRec", "RecDenoiser", "SSEPT", "TiSASRec", "TransitionCount",
 )  # fmt: skip
 DEFAULT_DATASET = "ml-100k"
 DEFAULT_SEEDS = (2024, 2025, 2026)  # --compare

@@ -50,7 +50,6 @@ from recbole_freq.jobs.compare.runs import (
 )
 from recbole_freq.jobs.compare.statistics import CORRECTIONS, add_per_user_tests, paired_p_value
 from recbole_freq.jobs.compare.tables import (
-    builtin_settings_note,
     choose_metrics,
     csv_text,
     improvement,
@@ -604,7 +603,6 @@ def tabulate(comparison: Comparison, records: dict) -> tuple[list, list, str]:
             row["model"] = entry_label(row["model"])
         rows += group_rows
         note = protocol_note(c.configs[protocol], sorted(set(labels.values())))
-        note += builtin_settings_note(records, group, c.seeds)
         figures = published_figures(c.dataset, labels.values())
         sections.append(
             markdown_table(group_rows, c.metrics, c.dataset, c.seeds, note, c.correction)

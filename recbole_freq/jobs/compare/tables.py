@@ -14,7 +14,6 @@ from recbole_freq.jobs.compare.runs import (
     DEFAULT_EXTRA_MODE_METRICS,
     DEFAULT_METRICS,
     ComparisonError,
-    split_entry,
 )
 from recbole_freq.jobs.compare.statistics import (
     metric_value,
@@ -466,40 +465,6 @@ def protocol_side_by_side(rows, metrics, seeds, protocols) -> str:
         "",
     ]
     return "## Protocols side by side\n\n" + "\n".join(lines)
-
-
-def builtin_settings_note(records: dict, entries, seeds) -> str:
-    """For each RecBole built-in in the table whose shipped defaults a plugin property
-    file replaces (``properties/model/<Model>.yaml``: FEARec), the settings its runs
-    used: that file's, or which of the keys where the file and RecBole's differ were
-    changed.  A FEARec column means different models under the two."""
-    import recbole
-    import yaml
-
-    from recbole_freq.model import MODELS
-    from recbole_freq.utils.property_files import properties_dir
-
-    notes = []
-    for entry in entries:
-        model = split_entry(entry)[0]
-        path = properties_dir() / "model" / f"{model}.yaml"
-        shipped_path = Path(recbole.__file__).parent / "properties" / "model" / f"{model}.yaml"
-        if model in MODELS or not path.is_file():
-            continue
-        plugin = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        shipped = {}
-        if shipped_path.is_file():
-            shipped = yaml.safe_load(shipped_path.read_text(encoding="utf-8")) or {}
-        own = [key for key in plugin if key not in shipped or shipped[key] != plugin[key]]
-        used = records[(entry, seeds[0])]["summary"].get("config", {})
-        changed = [f"{key}={used.get(key)!r}" for key in own if used.get(key) != plugin[key]]
-        source = f"properties/model/{model}.yaml"
-        notes.append(
-            f"{model} ran with {source} (its authors' settings, not RecBole's shipped ones)"
-            if not changed
-            else f"{model} ran with {source} except {', '.join(changed)}"
-        )
-    return "".join(f" {note}." for note in dict.fromkeys(notes))
 
 
 def protocol_note(config, labels=()) -> str:

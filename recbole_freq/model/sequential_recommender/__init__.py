@@ -3,6 +3,7 @@ from recbole_freq.model.sequential_recommender.bsarec import BSARec
 from recbole_freq.model.sequential_recommender.cl4srec import CL4SRec
 from recbole_freq.model.sequential_recommender.duorec import DuoRec
 from recbole_freq.model.sequential_recommender.fbsarec import FBSARec
+from recbole_freq.model.sequential_recommender.fearec import FEARec
 from recbole_freq.model.sequential_recommender.fmlprec import FMLPRec
 from recbole_freq.model.sequential_recommender.polyrec import PolyRec
 from recbole_freq.model.sequential_recommender.recdenoiser import RecDenoiser
@@ -15,6 +16,7 @@ __all__ = [
     "CL4SRec",
     "DuoRec",
     "FBSARec",
+    "FEARec",
     "FMLPRec",
     "PolyRec",
     "RecDenoiser",

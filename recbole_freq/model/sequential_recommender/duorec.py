@@ -40,6 +40,7 @@ class DuoRec(TransformerRecommender):
 
     token_mixer = "self_attention"
     loss_types = ("CE",)  # DuoRec's L_rec is the softmax CE over all items
+    positive_weighting = "distinct"  # contrastive.SameTargetSampler's weighting
     extra_inputs_unavailable = (
         "its same-target views are other rows' items, encoded without timestamps or users"
     )
@@ -60,7 +61,11 @@ class DuoRec(TransformerRecommender):
         self.tau, self.sim = tau, sim
         self.positive_sampler = None
         if self.supervised:
-            self.positive_sampler = SameTargetSampler.for_model(self, dataset)
+            self.positive_sampler = self.build_positive_sampler(dataset)
+
+    def build_positive_sampler(self, dataset) -> SameTargetSampler:
+        """Same-target positives over the training rows of ``dataset``."""
+        return SameTargetSampler.for_model(self, dataset, self.positive_weighting)
 
     @property
     def unsupervised(self) -> bool:
