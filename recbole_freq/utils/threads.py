@@ -7,15 +7,19 @@ of short regions.  On an idle machine that costs nothing.  When another process 
 one of the cores, the thread that lost its core finishes its share late while the
 others spin on the remaining core, and every region waits: measured on a 2-core machine
 with one other busy process, a small Transformer step took 2,453 ms with 2 threads,
-818 ms with 1 thread and 537 ms with 2 threads under ``OMP_WAIT_POLICY=PASSIVE``
-(``benchmarks/bench_shared_cpu.py`` measures the main job's epoch the same way).
+818 ms with 1 thread and 537 ms with 2 threads under ``OMP_WAIT_POLICY=PASSIVE``, and
+the main job's epoch 790 s against 73 s alone (``benchmarks/bench_shared_cpu.py``).
 
-So the package sets ``OMP_WAIT_POLICY=PASSIVE`` when it is imported, unless the user set
-one (``ACTIVE`` is kept: a machine reserved for one run may want it).  libgomp reads the
-variable once, when torch loads it, so this only takes effect when ``recbole_freq`` is
-imported before torch: true of the command line, ``--compare``'s worker processes
-(spawned with this environment), Ray workers (they import the package to unpickle the
-trial) and a Python program that imports ``recbole_freq`` first.  A program that imported
+So the package sets ``OMP_WAIT_POLICY=PASSIVE`` with ``GOMP_SPINCOUNT=1000`` when it is
+imported, unless the user set either (``ACTIVE`` is kept: a machine reserved for one run
+may want it): a waiting thread spins about 50 us (libgomp's own default spins about
+3 ms), then sleeps.  What that costs alone and saves beside other work, measured:
+``docs/running.md``, "Threads on a shared machine".  LLVM's libomp (macOS wheels) reads the policy and
+not the spin count.  libgomp reads both once, when torch loads it, so this only takes
+effect when ``recbole_freq`` is imported before torch: true of the command line,
+``--compare``'s worker processes (spawned with this environment), Ray workers (they
+import the package to unpickle the trial) and a Python program that imports
+``recbole_freq`` first.  A program that imported
 torch first keeps OpenMP's default; the run file says so (``omp_wait_policy_set_by``).
 
 The thread count of a run that pins none (``torch_threads``, ``deterministic``,
@@ -34,6 +38,11 @@ from pathlib import Path
 
 WAIT_POLICY_VARIABLE = "OMP_WAIT_POLICY"
 PASSIVE = "PASSIVE"
+SPIN_VARIABLE = "GOMP_SPINCOUNT"
+# Spins before a waiting libgomp thread sleeps: about 50 us here, little CPU to take
+# from other work (measured on the main job: as fast beside a busy process as no spin,
+# alone within the noise of one round of it).
+SHORT_SPIN = "1000"
 # Tells the processes this one starts (--compare's workers, a local Ray) that the
 # policy they inherit was the package's choice, not the user's.
 SET_BY_PACKAGE_MARK = "RECBOLE_FREQ_OMP_WAIT_POLICY"
@@ -41,7 +50,7 @@ SET_BY_PACKAGE = "recbole_freq (unset by the user)"
 SET_BY_USER = "the environment"
 SET_TOO_LATE = "OpenMP's default (torch was imported before recbole_freq)"
 
-_wait_policy: str | None = None
+_wait_policy: tuple[str | None, str | None] = (None, None)
 _wait_policy_set_by: str | None = None
 
 
@@ -50,20 +59,27 @@ def prefer_passive_wait() -> None:
     global _wait_policy, _wait_policy_set_by
     if _wait_policy_set_by is not None:
         return
-    chosen = os.environ.get(WAIT_POLICY_VARIABLE)
-    if chosen:
-        inherited = os.environ.get(SET_BY_PACKAGE_MARK) == chosen
-        _wait_policy, _wait_policy_set_by = chosen, SET_BY_PACKAGE if inherited else SET_BY_USER
+    chosen = os.environ.get(WAIT_POLICY_VARIABLE), os.environ.get(SPIN_VARIABLE)
+    if any(chosen):
+        inherited = os.environ.get(SET_BY_PACKAGE_MARK) == f"{chosen[0]} {chosen[1]}"
+        _wait_policy = chosen
+        _wait_policy_set_by = SET_BY_PACKAGE if inherited else SET_BY_USER
     elif "torch" in sys.modules:
-        _wait_policy, _wait_policy_set_by = None, SET_TOO_LATE
+        _wait_policy, _wait_policy_set_by = (None, None), SET_TOO_LATE
     else:
-        os.environ[WAIT_POLICY_VARIABLE] = os.environ[SET_BY_PACKAGE_MARK] = PASSIVE
-        _wait_policy, _wait_policy_set_by = PASSIVE, SET_BY_PACKAGE
+        os.environ[WAIT_POLICY_VARIABLE] = PASSIVE
+        os.environ[SPIN_VARIABLE] = SHORT_SPIN
+        os.environ[SET_BY_PACKAGE_MARK] = f"{PASSIVE} {SHORT_SPIN}"
+        _wait_policy, _wait_policy_set_by = (PASSIVE, SHORT_SPIN), SET_BY_PACKAGE
 
 
 def wait_policy_record() -> dict:
     """The wait policy torch's OpenMP runs under in this process, and who chose it."""
-    return {"omp_wait_policy": _wait_policy, "omp_wait_policy_set_by": _wait_policy_set_by}
+    return {
+        "omp_wait_policy": _wait_policy[0],
+        "gomp_spincount": _wait_policy[1],
+        "omp_wait_policy_set_by": _wait_policy_set_by,
+    }
 
 
 def cgroup_cpu_limit(root: str | os.PathLike = "/sys/fs/cgroup") -> int | None:

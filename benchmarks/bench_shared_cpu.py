@@ -1,0 +1,159 @@
+"""The main job's training epoch alone and beside one busy process: this version's
+default threads (passive OpenMP wait policy after a short spin, one thread per usable
+core), the same without the spin, the same thread count under OpenMP's own wait policy
+(what every run did before), and one thread.
+
+    python benchmarks/bench_shared_cpu.py                       # 2 rounds, ml-100k, BSARec
+    python benchmarks/bench_shared_cpu.py --rounds 1 --out benchmarks/results
+
+Each measurement is one fresh process training the README's main job (BSARec, its paper
+settings, RecBole's bundled ml-100k) for one epoch; it reports that epoch's training
+seconds.  "Before" starts the same process with torch imported ahead of recbole_freq,
+so that OpenMP reads an environment without ``OMP_WAIT_POLICY`` (its default: spin about
+3 ms before sleeping), exactly what a run of earlier versions got.  The busy process is
+a Python loop on one core, started in a session of its own (another terminal's job:
+Linux's autogroup scheduling then shares the CPU between the two sessions whatever
+their nice values).  Configurations alternate within each round; every ratio is to a
+measurement of the same round, so slow drifts of a shared machine cancel.  Run it on an
+otherwise idle machine: the busy process is meant to be the only other load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+# name: (what the child imports first, run settings, environment it starts with)
+SETTINGS = {
+    "default threads (this version)": ("package first", {}, {}),
+    "default threads, passive without spinning": (
+        "package first", {}, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"},
+    ),
+    "default threads, OpenMP's wait policy (before)": ("torch first", {}, {}),
+    "1 thread": ("package first", {"torch_threads": 1}, {}),
+}  # fmt: skip
+NOW, NO_SPIN, BEFORE, ONE = SETTINGS
+CHILD = """
+import json, sys
+if sys.argv[1] == "torch first":
+    import torch
+from recbole_freq.quick_start import run
+summary = run("BSARec", "ml-100k", config_dict=json.loads(sys.argv[2]), saved=False)
+print(json.dumps({"seconds": summary["history"][0]["train_seconds"],
+                  "environment": summary["environment"]}))
+"""
+BUSY = "while True: pass"
+
+
+def one_epoch(order: str, settings: dict, extra_environ: dict, data_path: str) -> dict:
+    config = dict(data_path=data_path, epochs=1, show_progress=False, state="WARNING", **settings)
+    environ = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("OMP_", "GOMP_", "RECBOLE_FREQ_", "MKL_NUM_THREADS"))
+    }
+    environ.update(extra_environ)
+    with tempfile.TemporaryDirectory() as folder:
+        done = subprocess.run(
+            [sys.executable, "-c", CHILD, order, json.dumps(config)],
+            capture_output=True,
+            text=True,
+            cwd=folder,
+            env=environ,
+            check=False,
+        )
+    if done.returncode:
+        raise SystemExit(f"bench_shared_cpu: a run failed: {done.stderr.strip()[-1500:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure(condition: str, data_path: str) -> dict:
+    busy = None
+    if condition == "beside one busy process":
+        busy = subprocess.Popen([sys.executable, "-c", BUSY], start_new_session=True)
+        time.sleep(1)
+    try:
+        return {
+            name: one_epoch(order, settings, environ, data_path)
+            for name, (order, settings, environ) in SETTINGS.items()
+        }
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+
+
+def main(argv=None) -> None:
+    from common import write_results
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", default=str(HERE / "results"))
+    args = parser.parse_args(argv)
+    import recbole
+
+    data_path = str(Path(recbole.__file__).parent / "dataset_example")
+    conditions = ("alone", "beside one busy process")
+    results = {condition: [] for condition in conditions}
+    for _ in range(args.rounds):
+        for condition in conditions:
+            results[condition].append(measure(condition, data_path))
+
+    def median(condition, name):
+        return statistics.median(r[name]["seconds"] for r in results[condition])
+
+    def ratio(condition, name, reference):
+        return statistics.median(
+            r[name]["seconds"] / r[reference]["seconds"] for r in results[condition]
+        )
+
+    rows = [
+        "| setting | threads | wait policy, spin count | alone: s | beside a busy process: s | "
+        "busy / alone | / 1 thread, busy | / before, alone |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in SETTINGS:
+        record = results["alone"][0][name]["environment"]
+        slowdown = statistics.median(
+            busy[name]["seconds"] / alone[name]["seconds"]
+            for alone, busy in zip(results["alone"], results["beside one busy process"])
+        )
+        rows.append(
+            f"| {name} | {record['torch_threads']} | {record['omp_wait_policy'] or 'unset'}, "
+            f"{record.get('gomp_spincount') or 'unset'} | "
+            f"{median('alone', name):.1f} | {median(conditions[1], name):.1f} | "
+            f"{slowdown:.2f}x | {ratio(conditions[1], name, ONE):.2f}x | "
+            f"{ratio('alone', name, BEFORE):.2f}x |"
+        )
+    environment = results["alone"][0][NOW]["environment"]
+    header = (
+        f"The main job (BSARec, paper settings, ml-100k bundled with RecBole, one epoch per "
+        f"process, training seconds of that epoch), {args.rounds} interleaved round(s); "
+        f"{environment['device_name']}, {environment['usable_cores']} usable cores, torch "
+        f"{environment['torch']}. Busy process: one Python loop in a session of its own. "
+        f"Command: `python benchmarks/bench_shared_cpu.py --rounds {args.rounds}`."
+    )
+    targets = (
+        f"Targets (issue 'Fast where researchers run it'): beside a busy process the default "
+        f"no slower than 1 thread (here {ratio(conditions[1], NOW, ONE):.2f}x); alone no "
+        f"more than 5% slower than before (here {ratio('alone', NOW, BEFORE):.2f}x)."
+    )
+    markdown = "\n".join([header, "", *rows, "", targets])
+    print(markdown)
+    write_results(
+        args.out, f"shared-cpu-ml-100k-{environment['device']}", markdown,
+        {"results": results, "args": vars(args)},
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
