@@ -9,6 +9,7 @@ targets are ratios to RecBole's SASRec, never absolute times.
     python benchmarks/bench_speed.py --dataset lastfm --name speed-baselines \
         --models SASRec,FMLPRec,DuoRec,CL4SRec,FEARec --steps 8 --rounds 3
     python benchmarks/bench_speed.py --models SASRec,TiSASRec --length 200  # n = 200
+    python benchmarks/bench_speed.py --models SASRec,FEARec,RecBole:FEARec   # RecBole's class
 
 Peak memory: on CUDA ``max_memory_allocated``; on the CPU each model trains in a child
 process whose resident-set high-water mark is reset (``/proc/self/clear_refs``) after
@@ -55,9 +56,21 @@ def load(models, dataset, data_path, length, seed=2024):
     from recbole_freq.config.configurator import FreqConfig
 
     overrides = dict(SIZES, data_path=data_path, seed=seed, MAX_ITEM_LIST_LENGTH=length)
-    configs = {m: FreqConfig(m, dataset, cmd_overrides=overrides) for m in models}
+    configs = {m: FreqConfig(builtin_name(m), dataset, cmd_overrides=overrides) for m in models}
     first, (train, _, test), built = load_models(configs, seed, models[0])
+    for label in models:
+        if label != builtin_name(label):  # RecBole's own class, with the same settings
+            from recbole.utils import get_model, init_seed
+
+            init_seed(seed, True)
+            klass = get_model(builtin_name(label))
+            built[label] = klass(configs[label], train._dataset).to(configs[label]["device"])
     return first, train, test, with_optimizers(built)
+
+
+def builtin_name(label: str) -> str:
+    """``RecBole:FEARec`` names RecBole's own FEARec class (``FEARec``: the plugin's)."""
+    return label.removeprefix("RecBole:")
 
 
 def take(loader, n, device):
