@@ -246,12 +246,19 @@ def assert_same_as_recbole(model, reference, config, train, test):
     ours, theirs = model.calculate_loss(batch), reference.calculate_loss(batch)
     assert ours.item() == pytest.approx(theirs.item(), rel=1e-5)
     ours.backward(), theirs.backward()
+    assert_same_gradients(shared, reference)
+    return shared
+
+
+def assert_same_gradients(shared, reference):
+    """Each shared parameter's gradient (``recbole_state``'s pairs) equals the reference's."""
+    import torch
+
     reference_parameters = dict(reference.named_parameters())
     for name, (parameter, rows) in shared.items():
         torch.testing.assert_close(
             parameter.grad[rows], reference_parameters[name].grad, atol=1e-6, rtol=1e-4
         )
-    return shared
 
 
 def assert_all_ones_masks_give_the_backbone(denoiser, backbone, batch):

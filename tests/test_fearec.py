@@ -17,7 +17,13 @@ from recbole.model.sequential_recommender.fearec import FEARec as RecBoleFEARec
 from recbole.model.sequential_recommender.fearec import HybridAttention
 from recbole.trainer import Trainer
 
-from conftest import RECBOLE_FEAREC_NAMES, first_batch, prepare, recbole_state
+from conftest import (
+    RECBOLE_FEAREC_NAMES,
+    assert_same_gradients,
+    first_batch,
+    prepare,
+    recbole_state,
+)
 from dataset_prep import convert_one_line
 from recbole_freq.cli import main
 from recbole_freq.config.configurator import FreqConfig
@@ -193,11 +199,7 @@ def test_fearec_is_recboles_fearec_given_the_same_weights(small_config, variant)
     ours = model.calculate_loss(batch)
     assert ours.item() == pytest.approx(theirs.item(), rel=1e-5)
     ours.backward(), theirs.backward()
-    reference_parameters = dict(reference.named_parameters())
-    for name, (parameter, rows) in shared.items():
-        torch.testing.assert_close(
-            parameter.grad[rows], reference_parameters[name].grad, atol=1e-6, rtol=1e-4
-        )
+    assert_same_gradients(shared, reference)
 
 
 @pytest.mark.parametrize(

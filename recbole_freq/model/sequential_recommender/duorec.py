@@ -84,32 +84,35 @@ class DuoRec(TransformerRecommender):
             f"contrastive term (contrast={self.contrast}, lmd={self.lmd}, lmd_sem={self.lmd_sem})"
         ]
 
+    def dropout_view(self, interaction):
+        """The batch encoded again: another draw of the dropout masks (``h'``)."""
+        return self.forward(interaction[self.ITEM_SEQ], interaction[self.ITEM_SEQ_LEN])
+
+    def same_target_view(self, interaction):
+        """Same-target training sequences of the batch, drawn and encoded (``h_s``)."""
+        positive_seq, positive_len, _ = self.positive_sampler.positives(
+            interaction[self.ITEM_SEQ],
+            interaction[self.ITEM_SEQ_LEN],
+            interaction[self.POS_ITEM_ID],
+        )
+        return self.forward(positive_seq, positive_len)
+
     def calculate_loss(self, interaction):
         if not self.auxiliary_losses():
             return super().calculate_loss(interaction)
-        item_seq = interaction[self.ITEM_SEQ]
-        item_seq_len = interaction[self.ITEM_SEQ_LEN]
-        targets = interaction[self.POS_ITEM_ID]
         seq_output, loss = self.last_position_loss(interaction)
-
-        def dropout_view():
-            return self.forward(item_seq, item_seq_len)
-
-        def same_target_view():
-            positive_seq, positive_len, _ = self.positive_sampler.positives(
-                item_seq, item_seq_len, targets
-            )
-            return self.forward(positive_seq, positive_len)
 
         def contrastive(first, second):
             return nt_xent(first, second, self.tau, self.sim)
 
         if self.unsupervised:
-            loss = loss + self.lmd * contrastive(seq_output, dropout_view())
+            loss = loss + self.lmd * contrastive(seq_output, self.dropout_view(interaction))
         if self.supervised and self.contrast == "us_x":
-            loss = loss + self.lmd_sem * contrastive(dropout_view(), same_target_view())
+            loss = loss + self.lmd_sem * contrastive(
+                self.dropout_view(interaction), self.same_target_view(interaction)
+            )
         elif self.supervised:
-            loss = loss + self.lmd_sem * contrastive(seq_output, same_target_view())
+            loss = loss + self.lmd_sem * contrastive(seq_output, self.same_target_view(interaction))
         return loss
 
 

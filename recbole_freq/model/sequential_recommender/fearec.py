@@ -80,27 +80,17 @@ class FEARec(DuoRec):
     def calculate_loss(self, interaction):
         if not self.auxiliary_losses():
             return super().calculate_loss(interaction)
-        item_seq = interaction[self.ITEM_SEQ]
-        item_seq_len = interaction[self.ITEM_SEQ_LEN]
-        targets = interaction[self.POS_ITEM_ID]
         seq_output, loss = self.last_position_loss(interaction)
 
-        def dropout_view():
-            return self.forward(item_seq, item_seq_len)
-
-        def same_target_view():
-            positive_seq, positive_len, _ = self.positive_sampler.positives(
-                item_seq, item_seq_len, targets
-            )
-            return self.forward(positive_seq, positive_len)
-
         if self.unsupervised:
-            loss = loss + self.lmd * nt_xent(seq_output, dropout_view(), self.tau, self.sim)
+            loss = loss + self.lmd * nt_xent(
+                seq_output, self.dropout_view(interaction), self.tau, self.sim
+            )
         if self.contrast == "us_x" and (self.supervised or self.frequency_regularised):
             views = {
                 "sequence": seq_output,
-                "dropout view": dropout_view(),
-                "same-target view": same_target_view(),
+                "dropout view": self.dropout_view(interaction),
+                "same-target view": self.same_target_view(interaction),
             }
             if self.supervised:
                 loss = loss + self.lmd_sem * nt_xent(
@@ -109,7 +99,9 @@ class FEARec(DuoRec):
             if self.frequency_regularised:
                 loss = loss + self.frequency_term(views)
         elif self.supervised:
-            loss = loss + self.lmd_sem * nt_xent(seq_output, same_target_view(), self.tau, self.sim)
+            loss = loss + self.lmd_sem * nt_xent(
+                seq_output, self.same_target_view(interaction), self.tau, self.sim
+            )
         return loss
 
     def frequency_term(self, views: dict) -> torch.Tensor:
