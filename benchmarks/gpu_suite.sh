@@ -7,6 +7,9 @@
 #    fused attention's CUDA branches compute the explicit attention;
 # 2. benchmarks/bench_speed.py: training and inference time per step of the plugin models
 #    and the papers' baselines against RecBole's SASRec, same sizes and batches, one run;
+# 3. benchmarks/bench_epoch.py (with DATA_PATH holding amazon-beauty): seconds of training
+#    and of validation per epoch of one run alone, Beauty under --paper, plain step against
+#    the overlapped loader and the captured (CUDA graph) step;
 # then OUT_DIR/gpu-suite.md holds both as markdown tables. Exit status: the tests'.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -31,7 +34,13 @@ set -e
 tail -n 1 "$out/tests.txt"
 
 "$python" benchmarks/bench_speed.py --out "$out" --name speed --data_path "$data" \
-  --models SASRec,BSARec,FBSARec,PolyRec,RecDenoiser,FMLPRec,DuoRec,CL4SRec,TiSASRec,SSEPT
+  --models SASRec,BSARec,FBSARec,PolyRec,RecDenoiser,FMLPRec,DuoRec,CL4SRec,TiSASRec,SSEPT,FEARec
+
+if [ -d "$data/amazon-beauty" ]; then
+  "$python" benchmarks/bench_epoch.py --out "$out" --name epoch-amazon-beauty-cuda \
+    --dataset amazon-beauty --data_path "$data" --device cuda --epochs 3 \
+    --models SASRec,BSARec
+fi
 
 "$python" - "$out" <<'PY'
 import sys
@@ -48,7 +57,7 @@ for case in ET.parse(out / "tests.xml").iter("testcase"):
         if case.find(kind) is not None:
             outcome = kind
     rows.append(f"| {case.get('name')} | {outcome} | {float(case.get('time', 0)):.1f} |")
-speed = sorted(out.glob("speed-*.md"))
+speed = sorted(out.glob("speed-*.md")) + sorted(out.glob("epoch-*.md"))
 text = [
     f"# GPU suite: {torch.cuda.get_device_name(0)}, torch {torch.__version__}",
     "",

@@ -1,7 +1,8 @@
 """CUDA paths (marker ``gpu``; skipped without a CUDA device, so never in CI): every model
 trains an epoch on the GPU with and without mixed precision, and the fused attention's CUDA
-branches compute the explicit attention.  ``benchmarks/gpu_suite.sh`` runs this module and
-the speed benchmark in one command."""
+branches compute the explicit attention, the overlapped loader and the captured (CUDA
+graph) step give the plain step's numbers.  ``benchmarks/gpu_suite.sh`` runs this module
+and the speed benchmarks in one command."""
 
 import math
 
@@ -109,3 +110,36 @@ def test_two_gpus_train_data_parallel_and_evaluate_as_one(small_config, model):
         summary["checkpoint"], [summary["protocol"]["protocol"]], device="cuda"
     )
     assert one["test_result"] == summary["test_result"]
+
+
+@pytest.mark.parametrize("model", ["SASRec", "BSARec", "DuoRec"])
+def test_overlapped_loader_on_cuda_gives_the_same_run(small_config, model):
+    """``overlap_loader`` on CUDA (pinned batches copied on a side stream): the run of
+    the plain step, bit for bit under ``deterministic``."""
+    settings = dict(small_config, epochs=2, device="cuda", deterministic=True)
+    plain = run(model, "tiny", config_dict=dict(settings, overlap_loader=False))
+    overlapped = run(model, "tiny", config_dict=dict(settings, overlap_loader=True))
+    assert [e["train_loss"] for e in overlapped["history"]] == [
+        e["train_loss"] for e in plain["history"]
+    ]
+    assert overlapped["test_result"] == plain["test_result"]
+    assert overlapped["weights_sha256"] == plain["weights_sha256"]
+
+
+@pytest.mark.parametrize("model", ["SASRec", "BSARec", "PolyRec"])
+def test_cuda_graph_step_gives_the_eager_numbers(small_config, model):
+    """``compile_step`` on CUDA (inductor, mode reduce-overhead: CUDA graphs) against the
+    eager step, without dropout (inductor draws its own random numbers): equal to float
+    rounding; the last partial batch of each pass runs eagerly."""
+    torch._dynamo.reset()
+    settings = dict(
+        small_config, epochs=2, device="cuda", hidden_dropout_prob=0.0, attn_dropout_prob=0.0
+    )
+    eager = run(model, "tiny", config_dict=dict(settings, compile_step=False))
+    captured = run(
+        model, "tiny", config_dict=dict(settings, compile_step=True, overlap_loader=True)
+    )
+    for a, b in zip(eager["history"], captured["history"], strict=True):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
+        assert b["valid_score"] == pytest.approx(a["valid_score"], abs=1e-3)
+    assert captured["test_result"] == pytest.approx(eager["test_result"], abs=1e-3)

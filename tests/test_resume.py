@@ -42,7 +42,8 @@ def interrupted_comparison(model, shared, out, monkeypatch):
 def comparable(summary: dict) -> dict:
     """What must not change when a run is interrupted and resumed."""
     history = [
-        {k: v for k, v in e.items() if k not in ("train_seconds",)} for e in summary["history"]
+        {k: v for k, v in e.items() if k not in ("train_seconds", "valid_seconds")}
+        for e in summary["history"]
     ]
     keys = ("test_result", "best_valid_result", "best_valid_score", "best_epoch", "epochs_run")
     return {"history": history, "weights": summary["weights_sha256"]} | {

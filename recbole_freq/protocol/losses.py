@@ -14,8 +14,6 @@ every position."""
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from recbole_freq.model.abstract_recommender import TransformerRecommender
@@ -139,6 +137,9 @@ def item_embedding_weight(model) -> torch.Tensor:
     return model.item_embedding.weight
 
 
+# The draws loop until no negative is a seen item, a data-dependent number of times:
+# under `compile_step` they run eagerly, outside the compiled step.
+@torch.compiler.disable
 def row_negatives(item_seq, targets, n_items: int) -> torch.Tensor:
     """One negative per row, uniform over the items that are neither in the row's input
     nor its target (FMLP-Rec's ``neg_sample(set(items))``), drawn with torch's global
@@ -228,6 +229,7 @@ def check_causal(model, interaction) -> None:
         )
 
 
+@torch.compiler.disable
 def position_negatives(train_dataset, interaction, targets, model) -> torch.Tensor:
     """One negative per target position, uniform over the items outside the user's
     training part (SASRec's ``random_neq``), drawn with torch's global generator."""
@@ -257,13 +259,19 @@ def position_loss(output, targets, negatives, item_weight, kind: str = "bce") ->
     return pair_losses(kind, positive, negative).mean()
 
 
-@functools.cache
+_RECBOLE_CLASSES: dict[str, type] = {}
+
+
 def _recbole_class(name: str) -> type:
     """RecBole's sequential model class ``name`` (``Caser``, ``FEARec``)."""
-    import importlib
+    # A plain dict, not functools.cache: torch.compile traces through a dict lookup but
+    # warns at a cached function.
+    if name not in _RECBOLE_CLASSES:
+        import importlib
 
-    module = importlib.import_module(f"recbole.model.sequential_recommender.{name.lower()}")
-    return getattr(module, name)
+        module = importlib.import_module(f"recbole.model.sequential_recommender.{name.lower()}")
+        _RECBOLE_CLASSES[name] = getattr(module, name)
+    return _RECBOLE_CLASSES[name]
 
 
 def last_position_output(model, interaction) -> torch.Tensor:

@@ -21,7 +21,7 @@ The hooks, each a method (or a callable attribute the caller sets):
   (Rec-Denoiser's ``mask_learning_rate``), and Adam's ``adam_beta2`` (SASRec's code
   trains with 0.98, torch's default is 0.999).
 - **Epoch record** (``_train_epoch``, ``_valid_epoch``): ``history`` gets each epoch's
-  loss, seconds, validation metrics and the model's ``epoch_report``; ``best_epoch``
+  loss, seconds of training and of validation, validation metrics and the model's ``epoch_report``; ``best_epoch``
   and ``train_seconds`` read it.
 - **Resume state** (``before_epoch(epoch)``, set by the caller): runs before every epoch
   after the first of this segment, once all earlier ones are complete; the run writes
@@ -45,6 +45,10 @@ The hooks, each a method (or a callable attribute the caller sets):
   evaluation, from RecBole's own top-k structure (for significance tests).
 - **Data-parallel evaluation** (``evaluate``, ``_map_reduce``): rank 0 evaluates every
   row and the others receive its result.
+- **Fast step** (``_train_epoch``, ``evaluate``, ``_full_sort_batch_eval``):
+  ``overlap_loader`` collates the next batches in a background thread (on CUDA: pinned
+  and copied without blocking), ``compile_step`` compiles the loss and the full-sort
+  scores for full batches (CUDA graphs on CUDA); ``protocol.fast_step``.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from recbole.trainer import Trainer
 from recbole.utils import EvaluatorType
 
 from recbole_freq.model.abstract_recommender import TransformerRecommender
+from recbole_freq.protocol.fast_step import StaticShapeSteps, prefetching
 from recbole_freq.protocol.losses import (
     MASKED_NEXT,
     SAMPLED_LOSSES,
@@ -152,6 +157,15 @@ class FreqTrainer(Trainer):
         self.before_epoch = None
         self.after_valid = None
         self.best_in_memory: dict | None = None
+        self.overlap_loader = bool(config["overlap_loader"])
+        self.fast_steps = None
+        if config["compile_step"]:
+            self.fast_steps = StaticShapeSteps(
+                model,
+                self.device,
+                mode=config["compile_mode"],
+                backend=config["compile_backend"] or "inductor",
+            )
 
     # --- training -------------------------------------------------------------------
 
@@ -178,6 +192,11 @@ class FreqTrainer(Trainer):
             loss_func = self.sampled_loss
         start = time.perf_counter()
         if self.learns:
+            if self.overlap_loader:
+                train_data = prefetching(train_data, self.device)
+            if self.fast_steps is not None:
+                self.fast_steps.new_pass("train")
+                loss_func = self.fast_steps.loss(loss_func or self.model.calculate_loss)
             loss = self._train_epoch_in_amp_dtype(train_data, epoch_idx, loss_func, show_progress)
         else:
             loss = 0.0
@@ -224,11 +243,16 @@ class FreqTrainer(Trainer):
         logging.getLogger().info(f"epoch {epoch_idx} {model_name}: {described}")
 
     def _valid_epoch(self, valid_data, show_progress=False):
+        start = time.perf_counter()
         if self.stopping_rule == "strict":
             score, result = self._strict_valid_epoch(valid_data, show_progress)
         else:
             score, result = super()._valid_epoch(valid_data, show_progress=show_progress)
-        self.history[-1].update(valid_score=float(score), valid=dict(result))
+        self.history[-1].update(
+            valid_score=float(score),
+            valid=dict(result),
+            valid_seconds=time.perf_counter() - start,
+        )
         if self.after_valid is not None:
             self.after_valid(self.history[-1])
         return score, result
@@ -289,6 +313,10 @@ class FreqTrainer(Trainer):
         weights."""
         self._eval_histories = getattr(eval_data._dataset, "protocol_histories", None)
         self._eval_data = eval_data
+        if self.overlap_loader and eval_data:
+            eval_data = prefetching(eval_data, self.device)
+        if self.fast_steps is not None:
+            self.fast_steps.new_pass("eval")
         saved = self.best_in_memory
         wanted = str(model_file or self.saved_model_file)
         if load_best_model and eval_data and saved is not None and saved["file"] == wanted:
@@ -307,24 +335,35 @@ class FreqTrainer(Trainer):
         # writing rank's result is already every row's.
         return result
 
+    def _full_sort_predict(self, interaction):
+        interaction = interaction.to(self.device)
+        if self.fast_steps is not None:
+            return self.fast_steps.full_sort_predict(interaction)
+        return self.model.full_sort_predict(interaction)
+
     def _full_sort_batch_eval(self, batched_data):
-        if self.history_mask == "none":
-            return super()._full_sort_batch_eval(batched_data)
-        interaction, _, positive_u, positive_i = batched_data
-        histories = self._eval_histories
-        if histories is None or HISTORY_LENGTH not in interaction:
-            raise ProtocolError(
-                f"history_mask={self.history_mask} needs loaders built by "
-                "quick_start.load_splits (they carry each row's history)"
-            )
-        rows, items = history_index(interaction, histories)
-        if self.history_mask == "exclude":
-            return super()._full_sort_batch_eval(
-                (interaction, (rows, items), positive_u, positive_i)
-            )
-        scores = self.model.full_sort_predict(interaction.to(self.device))
-        scores = scores.view(-1, self.tot_item_num).clone()
-        scores[rows.to(scores.device), items.to(scores.device)] = 0.0
+        interaction, seen, positive_u, positive_i = batched_data
+        if self.history_mask != "none":
+            histories = self._eval_histories
+            if histories is None or HISTORY_LENGTH not in interaction:
+                raise ProtocolError(
+                    f"history_mask={self.history_mask} needs loaders built by "
+                    "quick_start.load_splits (they carry each row's history)"
+                )
+            rows, items = history_index(interaction, histories)
+            if self.history_mask == "zero":
+                scores = self._full_sort_predict(interaction)
+                scores = scores.view(-1, self.tot_item_num).clone()
+                scores[rows.to(scores.device), items.to(scores.device)] = 0.0
+                return interaction, scores, positive_u, positive_i
+            seen = (rows, items)  # exclude
+        if self.fast_steps is None:
+            return super()._full_sort_batch_eval((interaction, seen, positive_u, positive_i))
+        # RecBole's, with the compiled scores.
+        scores = self._full_sort_predict(interaction).view(-1, self.tot_item_num)
+        scores[:, 0] = -np.inf
+        if seen is not None:
+            scores[seen] = -np.inf
         return interaction, scores, positive_u, positive_i
 
     def _neg_sample_batch_eval(self, batched_data):
