@@ -90,6 +90,7 @@ def run(
     shared_with=(),
     resume_file=None,
     deadline: float | None = None,
+    leave_resume_state: bool = False,
 ) -> dict:
     """Train ``model`` on ``dataset`` and evaluate on the test split; return a summary.
 
@@ -102,13 +103,17 @@ def run(
     if the file exists, the run continues from it (its settings must be the same).  By
     default it is ``<checkpoint>.resume.pth``, used by ``--resume``.
     ``deadline`` (``time.time()`` seconds): the run stops at an epoch boundary, its resume
-    state written, raising ``TimeLimitReached`` (``resume.EpochDeadline``)."""
+    state written, raising ``TimeLimitReached`` (``resume.EpochDeadline``).
+    ``leave_resume_state``: the finished run leaves its resume state for the caller to
+    remove once the run's result is stored (``--compare``'s run file)."""
     config = FreqConfig(
         model, dataset, config_files, config_dict, cmd_overrides, paper, shared_with
     )
     parallel = data_parallel_settings(config)
     if parallel is None:
-        return run_config(config, saved, resume_file, deadline=deadline)
+        return run_config(
+            config, saved, resume_file, deadline=deadline, leave_resume_state=leave_resume_state
+        )
     if deadline is not None:
         raise DataParallelError(
             "a time limit stops a run at an epoch boundary with its resume state, which a "
@@ -156,7 +161,13 @@ def resume_run(path, trust_data=False) -> dict:
 
 
 def run_config(
-    config, saved: bool = True, resume_file=None, state=None, checkpoint_file=None, deadline=None
+    config,
+    saved: bool = True,
+    resume_file=None,
+    state=None,
+    checkpoint_file=None,
+    deadline=None,
+    leave_resume_state: bool = False,
 ) -> dict:
     """``run`` on a built configuration; ``checkpoint_file``: where its checkpoint goes
     (a new name in ``checkpoint_dir`` by default).
@@ -226,7 +237,7 @@ def run_config(
         summary["model_report"] = model.run_summary()
     if saved and writing_rank(config):
         write_summary(summary, trainer.saved_model_file)
-    if resume_file is not None and resume_file.exists():
+    if resume_file is not None and resume_file.exists() and not leave_resume_state:
         resume_file.unlink()
     return summary
 

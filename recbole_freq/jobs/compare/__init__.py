@@ -37,6 +37,7 @@ from recbole_freq.jobs.compare.runs import (
     RESERVED_OVERRIDES,
     ComparisonError,
     check_out_dir,
+    check_output_entries,
     entry_label,
     entry_name,
     load_run,
@@ -362,6 +363,7 @@ def compare(
             check_writable(folder, "--out")
             locks.append(lock_out_dir(folder))  # two comparisons into one folder mix runs
         for c in comparisons:
+            check_output_entries(c.out)
             check_out_dir(c.out, c.settings, c.dataset_sha256)
         if status:
             outcome, skipped = stored_outcome(comparisons)

@@ -23,6 +23,7 @@ from recbole_freq.jobs.compare.runs import (
     store_run,
 )
 from recbole_freq.jobs.ray_cluster import check_resources, import_ray, start_or_join
+from recbole_freq.utils.files import OutputWriteError
 
 
 @dataclass
@@ -101,7 +102,8 @@ class RunJob:
 
     @property
     def resume_file(self) -> Path:
-        return partial_file(self.out, self.entry, self.seed).resolve()
+        # Absolute, never resolved: a link's target is not the grid's file to replace.
+        return Path(os.path.abspath(partial_file(self.out, self.entry, self.seed)))
 
 
 @dataclass
@@ -157,6 +159,9 @@ def train_job(job: RunJob, deadline=None, workdir=None, threads=None, quiet=Fals
                 shared_with=entry_models(job.models),
                 resume_file=job.resume_file,
                 deadline=deadline,
+                # Removed by record_result once the run file is stored: a run file
+                # that cannot be written must not take the finished run with it.
+                leave_resume_state=True,
             )
         except TimeLimitReached as stop:
             return {"stopped": stop.progress}
@@ -168,7 +173,24 @@ def record_result(job: RunJob, result: dict, outcome: Outcome, log, started: flo
     key = (job.dataset, job.entry, job.seed)
     minutes = (time.time() - started) / 60
     if "summary" in result:
-        store_run(job.out, job.settings, job.entry, job.seed, result["summary"])
+        try:
+            store_run(job.out, job.settings, job.entry, job.seed, result["summary"])
+        except OutputWriteError as error:
+            summary_file = result["summary"].get("summary_file")
+            line = (
+                f"{job.name}: {error}; the run finished"
+                + (f" and its summary is in {summary_file}" if summary_file else "")
+                + (
+                    f"; its resume state stays in {job.resume_file}, so the same command "
+                    "stores it once the folder can be written"
+                    if job.resume_file.is_file()
+                    else ""
+                )
+            )
+            outcome.failed.append(line)
+            log(f"FAILED   {line}")
+            return
+        job.resume_file.unlink(missing_ok=True)
         outcome.trained.append(key)
         log(f"done     {job.name}: {_finished_line(result['summary'])}; {minutes:.1f} min")
     elif "stopped" in result:

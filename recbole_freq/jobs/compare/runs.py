@@ -239,6 +239,38 @@ def lock_out_dir(out: Path) -> OutDirLock:
         ) from None
 
 
+def check_output_entries(out: Path) -> None:
+    """``<out>/partial`` and ``<out>/runs`` are real folders and every resume state and run
+    file in them a regular file: the grid writes, renames and at last deletes them, and a
+    symbolic link would carry all of that to its target outside ``out`` (a pipe would
+    hang the run).  ``ComparisonError`` before anything is trained otherwise."""
+    import stat
+
+    from recbole_freq.utils.inputs import file_kind
+
+    for name, what in (("partial", "resume states"), ("runs", "run files")):
+        folder = out / name
+        try:
+            mode = folder.lstat().st_mode
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISDIR(mode):
+            raise ComparisonError(
+                f"{folder} is {file_kind(mode)}, not a folder: the comparison keeps its {what} "
+                "there; move it away (or pick another --out) and run again"
+            )
+        for entry in sorted(folder.iterdir()):
+            if not entry.name.endswith((".resume.pth", ".json")):
+                continue
+            mode = entry.lstat().st_mode
+            if not stat.S_ISREG(mode):
+                raise ComparisonError(
+                    f"{entry} is {file_kind(mode)}, not a regular file: the comparison writes, "
+                    "replaces and deletes its files there (copy a resume state in with cp, "
+                    "never ln -s); move it away and run again"
+                )
+
+
 def check_out_dir(out: Path, settings: dict, dataset_sha256: str | None = None) -> None:
     """Every run stored in ``out`` must have been made with ``settings`` and on the data
     whose fingerprint is ``dataset_sha256``: an output folder holds one comparison, never

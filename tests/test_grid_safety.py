@@ -1,0 +1,77 @@
+"""What a comparison's output folder must never lose (issue 71): no write or delete
+through a link planted in ``partial/``, and a finished run's resume state kept until its
+run file is stored."""
+
+import errno
+import json
+import os
+
+import pytest
+from test_grid import cli_args, overrides_of
+
+from recbole_freq.cli import main
+from recbole_freq.jobs.compare import compare, execution
+from recbole_freq.utils.files import OutputWriteError
+
+
+@pytest.mark.parametrize("planted", ["link", "pipe", "linked folder"])
+def test_a_planted_link_or_pipe_in_partial_is_refused_before_training(
+    small_config, tmp_path, capsys, planted
+):
+    out = tmp_path / "cmp"
+    victim_folder = tmp_path / "elsewhere"
+    victim_folder.mkdir()
+    victim = victim_folder / "victim.pth"
+    victim.write_bytes(b"precious")
+    if planted == "linked folder":
+        out.mkdir()
+        (out / "partial").symlink_to(victim_folder, target_is_directory=True)
+    else:
+        (out / "partial").mkdir(parents=True)
+        state = out / "partial" / "SASRec-seed1.resume.pth"
+        if planted == "link":
+            state.symlink_to(victim)
+        else:
+            os.mkfifo(state)
+    args = ["--compare", "SASRec", "--dataset=tiny", "--seeds", "1", "--out", str(out)]
+    code = main([*args, *cli_args(overrides_of(small_config, epochs=1))])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and ("not a regular file" in err[0] or "not a folder" in err[0])
+    assert victim.read_bytes() == b"precious"
+    assert sorted(p.name for p in victim_folder.iterdir()) == ["victim.pth"]
+    assert not (out / "runs").exists() or not list((out / "runs").iterdir())
+
+
+def test_a_run_file_that_cannot_be_written_keeps_the_finished_run(
+    small_config, tmp_path, monkeypatch
+):
+    """The resume state goes only once the run file is stored: a failed store leaves it,
+    says where the summary went, and the same command then stores the run with the
+    numbers of a run that never failed."""
+    overrides = overrides_of(small_config, epochs=3)
+    out = tmp_path / "cmp"
+    real_store = execution.store_run
+
+    def full_disk(*args, **kwargs):
+        raise OutputWriteError(errno.ENOSPC, "cannot write runs/SASRec-seed1.json: no space")
+
+    monkeypatch.setattr(execution, "store_run", full_disk)
+    lines = []
+    with pytest.raises(RuntimeError, match="1 run"):
+        compare("SASRec", "tiny", seeds="1", overrides=overrides, out=out, log=lines.append)
+    state = out / "partial" / "SASRec-seed1.resume.pth"
+    assert state.is_file()
+    (failed,) = [line for line in lines if line.startswith("FAILED")]
+    assert "no space" in failed and str(state) in failed and "summary is in" in failed
+    summary_file = failed.split("summary is in ")[1].split(";")[0]
+    assert json.loads(open(summary_file).read())["test_result"]
+
+    monkeypatch.setattr(execution, "store_run", real_store)
+    compare("SASRec", "tiny", seeds="1", overrides=overrides, out=out, log=lines.append)
+    assert not state.exists()
+    stored = json.loads((out / "runs" / "SASRec-seed1.json").read_text())["summary"]
+    compare("SASRec", "tiny", seeds="1", overrides=overrides, out=tmp_path / "whole", log=print)
+    whole = json.loads((tmp_path / "whole" / "runs" / "SASRec-seed1.json").read_text())["summary"]
+    assert stored["test_result"] == whole["test_result"]
+    assert stored["epochs_run"] == whole["epochs_run"] == 3
