@@ -76,7 +76,7 @@ def one_epoch(order: str, settings: dict, extra_environ: dict, data_path: str) -
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure(condition: str, data_path: str) -> dict:
+def measure(condition: str, data_path: str, skip: tuple = ()) -> dict:
     busy = None
     if condition == "beside one busy process":
         busy = subprocess.Popen([sys.executable, "-c", BUSY], start_new_session=True)
@@ -85,6 +85,7 @@ def measure(condition: str, data_path: str) -> dict:
         return {
             name: one_epoch(order, settings, environ, data_path)
             for name, (order, settings, environ) in SETTINGS.items()
+            if name not in skip
         }
     finally:
         if busy is not None:
@@ -98,7 +99,24 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument(
+        "--spin_counts",
+        default="",
+        help="more settings to try: the passive policy with each of these GOMP_SPINCOUNTs",
+    )
+    parser.add_argument(
+        "--before_alone_only",
+        action="store_true",
+        help="measure OpenMP's own policy alone only (beside a busy process it takes ~13 min)",
+    )
+    parser.add_argument(
+        "--name", default=None, help="file stem (default: shared-cpu-ml-100k-<device>)"
+    )
     args = parser.parse_args(argv)
+    for count in [c for c in args.spin_counts.split(",") if c]:
+        SETTINGS[f"default threads, passive, spin {int(count)}"] = (
+            "package first", {}, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": str(int(count))},
+        )  # fmt: skip
     import recbole
 
     data_path = str(Path(recbole.__file__).parent / "dataset_example")
@@ -106,12 +124,17 @@ def main(argv=None) -> None:
     results = {condition: [] for condition in conditions}
     for _ in range(args.rounds):
         for condition in conditions:
-            results[condition].append(measure(condition, data_path))
+            skip = (BEFORE,) if args.before_alone_only and condition != "alone" else ()
+            results[condition].append(measure(condition, data_path, skip))
 
     def median(condition, name):
+        if name not in results[condition][0]:
+            return float("nan")
         return statistics.median(r[name]["seconds"] for r in results[condition])
 
     def ratio(condition, name, reference):
+        if name not in results[condition][0] or reference not in results[condition][0]:
+            return float("nan")
         return statistics.median(
             r[name]["seconds"] / r[reference]["seconds"] for r in results[condition]
         )
@@ -124,7 +147,7 @@ def main(argv=None) -> None:
     for name in SETTINGS:
         record = results["alone"][0][name]["environment"]
         slowdown = statistics.median(
-            busy[name]["seconds"] / alone[name]["seconds"]
+            busy[name]["seconds"] / alone[name]["seconds"] if name in busy else float("nan")
             for alone, busy in zip(results["alone"], results["beside one busy process"])
         )
         rows.append(
@@ -140,7 +163,7 @@ def main(argv=None) -> None:
         f"process, training seconds of that epoch), {args.rounds} interleaved round(s); "
         f"{environment['device_name']}, {environment['usable_cores']} usable cores, torch "
         f"{environment['torch']}. Busy process: one Python loop in a session of its own. "
-        f"Command: `python benchmarks/bench_shared_cpu.py --rounds {args.rounds}`."
+        f"Command: `python benchmarks/bench_shared_cpu.py {' '.join(sys.argv[1:])}`."
     )
     targets = (
         f"Targets (issue 'Fast where researchers run it'): beside a busy process the default "
@@ -150,7 +173,7 @@ def main(argv=None) -> None:
     markdown = "\n".join([header, "", *rows, "", targets])
     print(markdown)
     write_results(
-        args.out, f"shared-cpu-ml-100k-{environment['device']}", markdown,
+        args.out, args.name or f"shared-cpu-ml-100k-{environment['device']}", markdown,
         {"results": results, "args": vars(args)},
     )  # fmt: skip
 

@@ -44,11 +44,12 @@ def test_a_planted_link_or_pipe_in_partial_is_refused_before_training(
 
 
 def test_a_run_file_that_cannot_be_written_keeps_the_finished_run(
-    small_config, tmp_path, monkeypatch
+    small_config, tmp_path, monkeypatch, capsys
 ):
     """The resume state goes only once the run file is stored: a failed store leaves it,
-    says where the summary went, and the same command then stores the run with the
-    numbers of a run that never failed."""
+    says where the summary went, ``--resume`` of it is refused (it would finish the run
+    outside the grid), and the same command then stores the run with the numbers of a
+    run that never failed."""
     overrides = overrides_of(small_config, epochs=3)
     out = tmp_path / "cmp"
     real_store = execution.store_run
@@ -67,6 +68,13 @@ def test_a_run_file_that_cannot_be_written_keeps_the_finished_run(
     summary_file = failed.split("summary is in ")[1].split(";")[0]
     assert json.loads(open(summary_file).read())["test_result"]
 
+    # --resume of the grid's state would finish the run outside the grid: refused.
+    before = state.read_bytes()
+    assert main(["--resume", str(state)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "continue it with that comparison's command" in err[0]
+    assert state.read_bytes() == before
+
     monkeypatch.setattr(execution, "store_run", real_store)
     compare("SASRec", "tiny", seeds="1", overrides=overrides, out=out, log=lines.append)
     assert not state.exists()
@@ -75,3 +83,33 @@ def test_a_run_file_that_cannot_be_written_keeps_the_finished_run(
     whole = json.loads((tmp_path / "whole" / "runs" / "SASRec-seed1.json").read_text())["summary"]
     assert stored["test_result"] == whole["test_result"]
     assert stored["epochs_run"] == whole["epochs_run"] == 3
+
+
+def test_torch_threads_against_threads_per_run_is_one_line(small_config, tmp_path, capsys):
+    """A packed run trains with its torch_threads: a different --threads_per_run would
+    print one count and train with another (and bypass the check against the cores)."""
+    args = ["--compare", "SASRec", "--dataset=tiny", "--seeds", "1", "--out", str(tmp_path)]
+    args += ["--parallel", "1", "--threads_per_run", "1", "--torch_threads=2"]
+    code = main([*args, *cli_args(overrides_of(small_config, epochs=1))])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1
+    assert "--torch_threads=2 and --threads_per_run 1 both set the threads" in err[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_interrupted_grid_run_advises_the_grid_command_not_resume(tmp_path):
+    from recbole_freq.quick_start.quick_start import _interrupted_training
+    from recbole_freq.quick_start.resume import comparison_folder_of
+
+    state = tmp_path / "out" / "partial" / "BSARec@variant=x-seed42.resume.pth"
+    state.parent.mkdir(parents=True)
+    state.write_bytes(b"state")
+    assert comparison_folder_of(state) == tmp_path / "out"
+    assert comparison_folder_of(tmp_path / "saved" / "BSARec-Nov-28.resume.pth") is None
+
+    class Stopped:
+        current_epoch = 3
+
+    line = _interrupted_training(Stopped(), state)
+    assert "Continue with the same command" in line and "--resume" not in line

@@ -65,6 +65,7 @@ from recbole_freq.quick_start.resume import (
     apply_resume_state,
     check_resume_data,
     checkpoint_file_for,
+    comparison_folder_of,
     load_resume_state,
     resume_file_for,
     save_resume_state,
@@ -144,6 +145,15 @@ def resume_run(path, trust_data=False) -> dict:
     trained on; a state that records no dataset fingerprint only if ``trust_data``."""
     from recbole_freq.checkpoint.loader import drop_pickled_cache_settings
 
+    comparison = comparison_folder_of(path)
+    if comparison is not None:
+        # Finished here, the run would land beside the state, not in the comparison's
+        # runs/, and the comparison would train it again from scratch.
+        raise ResumeError(
+            f"{path} is an unfinished run of the comparison in {comparison}: continue it with "
+            "that comparison's command (its unfinished.md shows it; stored runs are skipped), "
+            "not with --resume"
+        )
     state = load_resume_state(path)
     config = state["config"]
     drop_pickled_cache_settings(config, path)
@@ -368,10 +378,11 @@ def _interrupted_training(trainer, resume_file) -> str:
     epoch = trainer.current_epoch
     if resume_file is not None and Path(resume_file).is_file():
         done = "epoch 0 is" if epoch == 1 else f"epochs 0-{epoch - 1} are"
-        return (
-            f"training stopped in epoch {epoch}; {done} kept in {resume_file}. "
-            f"Resume with: {invoked_command()} --resume {resume_file}"
-        )
+        if comparison_folder_of(resume_file) is not None:
+            advice = f"Continue with the same command: {invoked_command()}"
+        else:
+            advice = f"Resume with: {invoked_command()} --resume {resume_file}"
+        return f"training stopped in epoch {epoch}; {done} kept in {resume_file}. {advice}"
     return f"training stopped in epoch {epoch}, before any epoch completed; nothing to resume"
 
 

@@ -43,6 +43,17 @@ def resume_file_for(checkpoint_file: str | os.PathLike) -> Path:
     return Path(checkpoint_file).with_suffix(RESUME_SUFFIX)
 
 
+def comparison_folder_of(resume_file: str | os.PathLike) -> Path | None:
+    """The ``--compare`` output folder whose run ``resume_file`` is (its unfinished runs
+    keep their states as ``<out>/partial/<entry>-seed<N>.resume.pth``), or None."""
+    import re
+
+    path = Path(os.path.abspath(resume_file))
+    if path.parent.name == "partial" and re.search(r"-seed-?\d+\.resume\.pth$", path.name):
+        return path.parent.parent
+    return None
+
+
 def checkpoint_file_for(resume_file: str | os.PathLike) -> Path:
     """``saved/X.resume.pth`` -> ``saved/X.pth``: where ``--resume`` writes the run's
     checkpoint, whatever the file's content says."""

@@ -356,6 +356,15 @@ def compare(
     for comparison in comparisons:
         plan(comparison, metrics)
     config = next(iter(comparisons[0].configs.values()))
+    pinned = config["torch_threads"]
+    if execution.mode == "packed" and pinned is not None:
+        # A run's torch_threads is what it trains with: the packing must count those.
+        if execution.threads_per_run is not None and int(pinned) != execution.threads_per_run:
+            raise ComparisonError(
+                f"--torch_threads={pinned} and --threads_per_run {execution.threads_per_run} "
+                "both set the threads of each packed run: give one of them"
+            )
+        execution.threads_per_run = int(pinned)
     execution.pack(gpu=config["device"].type == "cuda")
     locks = []
     try:
