@@ -113,3 +113,64 @@ def test_an_interrupted_grid_run_advises_the_grid_command_not_resume(tmp_path):
 
     line = _interrupted_training(Stopped(), state)
     assert "Continue with the same command" in line and "--resume" not in line
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the process table in /proc")
+def test_killing_a_packed_grid_ends_its_workers(small_config, tmp_path):
+    """kill -9 of the grid's driver: its packed run stops too (parent-death signal), so
+    no orphan trains on, deletes its resume state or races a new grid's copy of it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    overrides = overrides_of(small_config, epochs=100000, stopping_step=100000)
+    command = [sys.executable, "-m", "recbole_freq", "--compare", "SASRec", "--dataset=tiny"]
+    command += ["--seeds", "1", "--parallel", "1", "--threads_per_run", "1"]
+    command += ["--out", str(tmp_path / "cmp"), *cli_args(overrides)]
+    driver = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)  # fmt: skip
+    state = tmp_path / "cmp" / "partial" / "SASRec-seed1.resume.pth"
+    workers = []
+    try:
+        deadline = time.time() + 120
+        while not state.is_file() and time.time() < deadline:
+            time.sleep(0.2)  # the worker has trained an epoch and kept its state
+        assert state.is_file()
+        workers = _children(driver.pid)
+        assert workers
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        deadline = time.time() + 30
+        while any(_alive(pid) for pid in workers) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(pid) for pid in workers)
+        assert state.is_file()  # the run's completed epochs stay for the next grid
+    finally:
+        for pid in [driver.pid, *_children(driver.pid), *workers]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

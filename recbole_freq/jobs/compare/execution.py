@@ -9,6 +9,7 @@ fails."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -278,7 +279,25 @@ def run_sequential(jobs, log, deadline=None) -> Outcome:
     return outcome
 
 
-def _packed_worker(queue, index: int, job: RunJob, deadline, threads) -> None:
+def end_with_parent(parent_pid: int) -> None:
+    """This process gets SIGTERM when its parent dies (Linux's parent-death signal), and
+    ends now if the parent is already gone: a packed run whose grid was killed (-9) must
+    not train on unseen, delete its resume state and never be stored, nor write the same
+    ``partial/`` file as the run a new grid starts in its place."""
+    import signal
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _packed_worker(queue, index: int, job: RunJob, deadline, threads, parent_pid=None) -> None:
+    if parent_pid is not None:
+        end_with_parent(parent_pid)
     try:
         result = train_job(job, deadline, threads=threads, quiet=True)
     except BaseException as error:  # reported by the parent, which goes on with the others
@@ -305,7 +324,8 @@ def run_packed(jobs, log, parallel: int, threads: int, deadline=None) -> Outcome
                     break
                 index, job = waiting.pop(0)
                 process = context.Process(
-                    target=_packed_worker, args=(queue, index, job, deadline, threads)
+                    target=_packed_worker,
+                    args=(queue, index, job, deadline, threads, os.getpid()),
                 )
                 process.start()
                 running[index] = (process, job, time.time())
