@@ -174,3 +174,61 @@ def test_killing_a_packed_grid_ends_its_workers(small_config, tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _stored_state(small_config, tmp_path, monkeypatch, seeds="1"):
+    """A grid whose run files cannot be stored: its runs' resume states stay (epochs
+    0-1 of 3 done)."""
+
+    def full_disk(*args, **kwargs):
+        raise OutputWriteError(errno.ENOSPC, "no space")
+
+    monkeypatch.setattr(execution, "store_run", full_disk)
+    out = tmp_path / "cmp"
+    overrides = overrides_of(small_config, epochs=3)
+    with pytest.raises(RuntimeError):
+        compare("SASRec", "tiny", seeds=seeds, overrides=overrides, out=out, log=print)
+    monkeypatch.undo()
+    return out, overrides
+
+
+@pytest.mark.parametrize("next_epoch", [999, -5, 0, 1])
+def test_a_state_with_impossible_progress_is_refused(
+    small_config, tmp_path, monkeypatch, capsys, next_epoch
+):
+    import torch
+
+    out, overrides = _stored_state(small_config, tmp_path, monkeypatch)
+    state_file = out / "partial" / "SASRec-seed1.resume.pth"
+    state = torch.load(state_file, weights_only=True)
+    assert state["next_epoch"] == 2 and len(state["history"]) == 2
+    state["next_epoch"] = next_epoch  # 1: one epoch short of its history
+    torch.save(state, state_file)
+    before = state_file.read_bytes()
+    capsys.readouterr()
+    args = ["--compare", "SASRec", "--dataset=tiny", "--seeds", "1", "--out", str(out)]
+    assert main([*args, *cli_args(overrides)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot continue this run" in err[-1]
+    assert state_file.read_bytes() == before
+    assert not (out / "runs" / "SASRec-seed1.json").exists()
+
+
+def test_another_seeds_state_is_not_shown_as_this_runs_progress(
+    small_config, tmp_path, monkeypatch, capsys
+):
+    import shutil
+
+    out, overrides = _stored_state(small_config, tmp_path, monkeypatch)
+    shutil.copy(
+        out / "partial" / "SASRec-seed1.resume.pth", out / "partial" / "SASRec-seed2.resume.pth"
+    )
+    capsys.readouterr()
+    args = ["--compare", "SASRec", "--dataset=tiny", "--seeds", "1,2", "--out", str(out)]
+    main([*args, *cli_args(overrides), "--status"])
+    unfinished = (out / "unfinished.md").read_text()
+    assert (
+        "SASRec, seed 2 (its resume state is not usable: it is the state of a run with "
+        "seed 1, not 2)" in unfinished
+    )
+    assert "| SASRec | 2 |" not in unfinished and "| SASRec | 1 |" in unfinished

@@ -188,6 +188,35 @@ def load_resume_state(path) -> dict:
     return state
 
 
+def progress_problem(state: dict, epochs=None, model=None, dataset=None, seed=None) -> str | None:
+    """Why ``state`` cannot be where this run stands, or None: its progress must be
+    possible (``next_epoch`` epochs done, each in its history, fewer than ``epochs``) and,
+    where given, it must be the state of this ``model``, ``dataset`` and ``seed``."""
+    next_epoch, history = state.get("next_epoch"), state.get("history")
+    if (
+        not isinstance(next_epoch, int)
+        or isinstance(next_epoch, bool)
+        or not isinstance(history, list)
+        or next_epoch < 1
+        or len(history) != next_epoch
+    ):
+        count = len(history) if isinstance(history, list) else "no"
+        return f"it records next epoch {next_epoch!r} with {count} epoch(s) of history"
+    if epochs is not None and next_epoch > int(epochs):
+        return f"it records {next_epoch} epochs done of a run of {epochs}"
+    config = state.get("config")
+    for key, wanted in (("model", model), ("dataset", dataset), ("seed", seed)):
+        if wanted is None or config is None:
+            continue
+        try:
+            recorded = config[key]
+        except KeyError:
+            recorded = None
+        if str(recorded) != str(wanted):
+            return f"it is the state of a run with {key} {recorded}, not {wanted}"
+    return None
+
+
 def best_epoch(state: dict) -> dict | None:
     """The ``history`` entry of the resume state's best epoch so far (the first epoch
     that scored ``best_valid_score``, as the trainer kept it), or ``None``."""
@@ -215,6 +244,11 @@ def apply_resume_state(state: dict, trainer, loaders) -> None:
     no file to write, so a forged one cannot direct the run's output anywhere.  The best
     weights so far are written there at once, so that the checkpoint the run's summary
     names exists even if no later epoch improves on them."""
+    problem = progress_problem(state, epochs=trainer.epochs)
+    if problem is not None:
+        raise ResumeError(
+            f"the resume state cannot continue this run: {problem}; delete it to start afresh"
+        )
     trainer.model.load_state_dict(state["state_dict"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.start_epoch = state["next_epoch"]
@@ -272,6 +306,7 @@ def settings_differences(saved_config, config) -> list[str]:
     (device, use_gpu, gpu_id), places and progress display may change: a run continues
     on another machine)."""
     ignored = {"device", "use_gpu", "show_progress", "gpu_id", "checkpoint_dir", "data_path"}
+    ignored.add("overlap_loader")  # the same numbers with or without it
     old, new = saved_config.final_config_dict, config.final_config_dict
     return [
         f"{key}: {old.get(key)!r} then, {new.get(key)!r} now"

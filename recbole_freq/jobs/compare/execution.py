@@ -244,12 +244,17 @@ def _resumes_at(job: RunJob) -> str:
     """Where a run continues from its resume state: the epoch and the best so far."""
     if not job.resume_file.is_file():
         return ""
-    from recbole_freq.quick_start.resume import best_epoch, load_resume_state
+    from recbole_freq.quick_start.resume import best_epoch, load_resume_state, progress_problem
 
     try:
         state = load_resume_state(job.resume_file)
     except Exception:  # the run itself reports a resume state it cannot use
         return " (continues from its resume state)"
+    problem = progress_problem(
+        state, model=split_entry(job.entry)[0], dataset=job.dataset, seed=job.seed
+    )
+    if problem is not None:  # the run itself refuses it
+        return f" (its resume state is not usable: {problem})"
     best = best_epoch(state)
     so_far = f", best valid {best['valid_score']:.4f} at epoch {best['epoch']}" if best else ""
     return f" (continues at epoch {state['next_epoch']}{so_far})"

@@ -15,7 +15,7 @@ import csv
 import io
 
 from recbole_freq.jobs.compare.execution import RunJob
-from recbole_freq.jobs.compare.runs import run_file
+from recbole_freq.jobs.compare.runs import run_file, split_entry
 
 CSV_FIELDS = (
     "model", "seed", "epochs_stored", "best_epoch", "valid_metric", "best_valid_score",
@@ -26,7 +26,7 @@ CSV_FIELDS = (
 def unfinished_rows(jobs: list[RunJob], metrics: list[str]) -> tuple[list[dict], list[str]]:
     """``(rows, not_started)``: a row per run with a resume state and no stored run file
     (read with the restricted loader), and the names of the runs with neither."""
-    from recbole_freq.quick_start.resume import best_epoch, load_resume_state
+    from recbole_freq.quick_start.resume import best_epoch, load_resume_state, progress_problem
 
     rows, not_started = [], []
     for job in jobs:
@@ -36,6 +36,13 @@ def unfinished_rows(jobs: list[RunJob], metrics: list[str]) -> tuple[list[dict],
             not_started.append(f"{job.entry}, seed {job.seed}")
             continue
         state = load_resume_state(job.resume_file)
+        model = split_entry(job.entry)[0]
+        problem = progress_problem(state, model=model, dataset=job.dataset, seed=job.seed)
+        if problem is not None:
+            not_started.append(
+                f"{job.entry}, seed {job.seed} (its resume state is not usable: {problem})"
+            )
+            continue
         history = state.get("history") or []
         scored = [epoch for epoch in history if epoch.get("valid_score") is not None]
         best = best_epoch(state)
