@@ -50,11 +50,19 @@ def one_run(model: str, mode: str, args) -> dict:
     if args.threads:
         settings["torch_threads"] = args.threads
     started = time.perf_counter()
-    summary = run(model, args.dataset, config_dict=settings, paper=args.paper, saved=False)
+    paper = args.paper
+    try:
+        summary = run(model, args.dataset, config_dict=settings, paper=paper, saved=False)
+    except ValueError as error:
+        if not (paper and str(error).startswith("no paper settings")):
+            raise
+        paper = False  # the model's own defaults, labelled in the table
+        summary = run(model, args.dataset, config_dict=settings, paper=paper, saved=False)
     history = summary["history"]
     return {
         "model": model,
         "mode": mode,
+        "paper": paper,
         "wall_seconds": time.perf_counter() - started,
         "train_seconds": [epoch["train_seconds"] for epoch in history],
         "valid_seconds": [epoch.get("valid_seconds") for epoch in history],
@@ -106,13 +114,22 @@ def report(results: list, args, device: str) -> str:
                 r["train_seconds"][0] + (r["valid_seconds"][0] or 0) for r in runs
             )
             ndcg = runs[-1]["test_result"].get("ndcg@10")
+            if args.paper and not runs[-1].get("paper", True):
+                model_cell = f"{model} (no paper settings here: its defaults)"
+            else:
+                model_cell = model
             train_ratio = f"{train / base_train:.2f}x" if base_train else "-"
             valid_ratio = f"{valid / base_valid:.2f}x" if base_valid else "-"
             lines.append(
-                f"| {model} | {mode} | {train:.2f} | {valid:.2f} | {train_ratio} | "
+                f"| {model_cell} | {mode} | {train:.2f} | {valid:.2f} | {train_ratio} | "
                 f"{valid_ratio} | {first:.1f} | {ndcg if ndcg is None else f'{ndcg:.4f}'} |"
             )
     return "\n".join(lines)
+
+
+def stem(args, results) -> str:
+    device = results[0]["device"] if results else "cpu"
+    return args.name or f"epoch-{args.dataset}-{device.split(':')[0]}"
 
 
 def main(argv=None) -> int:
@@ -155,13 +172,25 @@ def main(argv=None) -> int:
     from common import write_results
 
     results = []
+    if args.merge:
+        import json
+
+        results = json.loads(Path(args.merge).read_text())["results"]
+        if results:
+            args.models = list(dict.fromkeys([r["model"] for r in results] + args.models))
+    done = {(r["model"], r["mode"], r.get("round", 0)) for r in results}
     for round_index in range(args.rounds):
         for model in args.models:
             order = args.modes if round_index % 2 == 0 else list(reversed(args.modes))
             for mode in order:
+                if (model, mode, round_index) in done:
+                    continue
                 result = one_run(model, mode, args)
                 result["round"] = round_index
                 results.append(result)
+                # Each run kept at once: an interrupted bench goes on with --merge.
+                write_results(args.out, stem(args, results), report(results, args, "?"),
+                              {"argv": sys.argv[1:], "results": results})  # fmt: skip
                 print(
                     f"{model:12s} {mode:22s} train {result['train_seconds']} "
                     f"valid {result['valid_seconds']}",
@@ -169,8 +198,9 @@ def main(argv=None) -> int:
                 )
     device = results[0]["device"] if results else "?"
     markdown = report(results, args, device)
-    stem = args.name or f"epoch-{args.dataset}-{device.split(':')[0]}"
-    write_results(args.out, stem, markdown, {"argv": sys.argv[1:], "results": results})
+    write_results(
+        args.out, stem(args, results), markdown, {"argv": sys.argv[1:], "results": results}
+    )
     print(markdown)
     return 0
 

@@ -232,3 +232,45 @@ def test_another_seeds_state_is_not_shown_as_this_runs_progress(
         "seed 1, not 2)" in unfinished
     )
     assert "| SASRec | 2 |" not in unfinished and "| SASRec | 1 |" in unfinished
+
+
+def test_a_run_file_copied_under_another_runs_name_is_refused(small_config, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    overrides = overrides_of(small_config, epochs=1)
+    args = ["--compare", "SASRec,BSARec", "--dataset=tiny", "--seeds", "1", "--out", str(out)]
+    assert main([*args, *cli_args(overrides)]) == 0
+    runs = out / "runs"
+    (runs / "SASRec-seed1.json").write_text((runs / "BSARec-seed1.json").read_text())
+    capsys.readouterr()
+    assert main([*args, *cli_args(overrides)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "SASRec-seed1.json: it records the run of model 'BSARec'" in err[0]
+
+
+def test_runs_stored_under_another_property_file_are_not_mixed_into_a_row(
+    small_config, tmp_path, capsys
+):
+    """A property file changed between two calls (BSARec's alpha here, written into the
+    stored run as a run of the old file would record it): the next call refuses to add
+    runs of today's settings to that row."""
+    from recbole_freq.jobs.compare.runs import record_digest
+
+    out = tmp_path / "cmp"
+    overrides = overrides_of(small_config, epochs=1)
+    args = ["--compare", "BSARec", "--dataset=tiny", "--out", str(out), *cli_args(overrides)]
+    assert main([*args, "--seeds", "1"]) == 0
+    path = out / "runs" / "BSARec-seed1.json"
+    record = json.loads(path.read_text())
+    assert record["summary"]["config"]["alpha"] != 0.1
+    record["summary"]["config"]["alpha"] = 0.1
+    del record["digest"]
+    record["digest"] = record_digest(record)
+    path.write_text(json.dumps(record, indent=2))
+    capsys.readouterr()
+    assert main([*args, "--seeds", "1,2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        len(err) == 1
+        and "was trained with other settings than BSARec gets now (alpha 0.1 then, " in err[0]
+    )
+    assert not (out / "runs" / "BSARec-seed2.json").exists()

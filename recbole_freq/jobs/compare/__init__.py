@@ -38,6 +38,7 @@ from recbole_freq.jobs.compare.runs import (
     ComparisonError,
     check_out_dir,
     check_output_entries,
+    check_stored_settings,
     entry_label,
     entry_name,
     load_run,
@@ -269,6 +270,7 @@ class Comparison:
     settings: dict = field(default_factory=dict)
     configs: dict = field(default_factory=dict)
     expected_labels: dict = field(default_factory=dict)
+    effective_settings: dict = field(default_factory=dict)
     metrics: list[str] = field(default_factory=list)
     dataset_sha256: str | None = None  # the prepared data's fingerprint
 
@@ -374,6 +376,7 @@ def compare(
         for c in comparisons:
             check_output_entries(c.out)
             check_out_dir(c.out, c.settings, c.dataset_sha256)
+            check_stored_settings(c.out, [(j.entry, j.seed) for j in c.jobs], c.effective_settings)
         if status:
             outcome, skipped = stored_outcome(comparisons)
         else:
@@ -450,7 +453,7 @@ def plan(comparison: Comparison, metrics) -> None:
         c.settings["paper_references"] = c.references
         for model in c.references:
             c.log(f"--paper: {model} gets the backbone settings of its denoiser's paper file")
-    c.configs, c.expected_labels = validate(
+    c.configs, c.expected_labels, c.effective_settings = validate(
         c.models, c.dataset, c.config_files, c.overrides, c.seeds, c.protocols or [None],
         c.paper_models, c.references,
     )  # fmt: skip
@@ -549,7 +552,9 @@ def _results(comparisons: list[Comparison], base: Path, outcome: Outcome, skippe
     single = len(comparisons) == 1
     stored = {
         c.dataset: {
-            (j.entry, j.seed): load_run(run_file(j.out, j.entry, j.seed))
+            (j.entry, j.seed): load_run(
+                run_file(j.out, j.entry, j.seed), j.entry, j.seed, j.dataset
+            )
             for j in c.jobs
             if run_file(j.out, j.entry, j.seed).is_file()
         }

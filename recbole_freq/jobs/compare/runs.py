@@ -159,10 +159,12 @@ def record_digest(record: dict) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def load_run(path: Path) -> dict:
+def load_run(path: Path, entry: str | None = None, seed=None, dataset=None) -> dict:
     """A stored run, once it is whole and unedited: its digest (written with it) matches,
-    and every metric it holds is a finite number; ``ComparisonError`` naming the file
-    otherwise, so that no edited or broken file is tabulated as if measured."""
+    every metric it holds is a finite number and, where the caller says whose place
+    ``path`` is (``entry``, ``seed``, ``dataset``), it records that run; ``ComparisonError``
+    naming the file otherwise, so that no edited, broken or misplaced file is tabulated
+    as if measured."""
     try:
         record = json.loads(read_input_text(path, "run file"))
     except (OSError, ValueError, RecursionError) as error:
@@ -180,10 +182,32 @@ def load_run(path: Path) -> dict:
             f"{path} was changed after its run was stored (its digest no longer matches); "
             "delete it to redo the run"
         )
-    problem = _metrics_problem(record["summary"])
+    problem = _metrics_problem(record["summary"]) or _identity_problem(record, entry, seed, dataset)
     if problem:
         raise ComparisonError(f"{path}: {problem}; delete it to redo the run")
     return record
+
+
+def _identity_problem(record: dict, entry, seed, dataset) -> str | None:
+    """Why ``record`` is not the run of ``entry``, ``seed`` on ``dataset`` (a run file
+    copied under another run's name), or None."""
+    if entry is None:
+        return None
+    summary = record["summary"]
+    recorded = {
+        "model": (record.get("model"), entry),
+        "seed": (record.get("seed"), seed),
+        "seed of its summary": (summary.get("seed"), seed),
+        "model of its summary": (summary.get("model"), split_entry(entry)[0]),
+        "dataset": (summary.get("dataset"), dataset),
+    }
+    for what, (found, wanted) in recorded.items():
+        if wanted is not None and str(found) != str(wanted):
+            return (
+                f"it records the run of {what} {found!r}, but its place is the run of "
+                f"{what} {wanted!r} (a run file is read only under its own name)"
+            )
+    return None
 
 
 def _metrics_problem(summary: dict) -> str | None:
@@ -271,6 +295,44 @@ def check_output_entries(out: Path) -> None:
                 )
 
 
+# Settings that say where and how visibly a run ran, not what it computed (and the seed,
+# which differs between the runs of one row by design).
+PLACE_SETTINGS = frozenset({
+    "seed", "data_path", "checkpoint_dir", "show_progress", "gpu_id", "device", "use_gpu",
+    "state", "log_wandb", "wandb_project", "dataset_sha256", "worker", "overlap_loader",
+    "dataset_save_path", "dataloaders_save_path", "save_dataset", "save_dataloaders",
+    "torch_threads", "memory_check", "local_rank", "single_spec", "nproc", "world_size",
+    "offset", "ip", "port", "backend",
+})  # fmt: skip
+
+
+def check_stored_settings(out: Path, entries_seeds: list, effective: dict, dataset=None) -> None:
+    """Every stored run of the comparison was trained with the settings its entry gets
+    now, as far as its run file records them (``summary.config``; a setting added to the
+    plugin since is not in an older file and is not compared): a property file changed
+    between two calls would otherwise put runs of two settings into one row."""
+    for entry, seed in entries_seeds:
+        path = run_file(out, entry, seed)
+        now = effective.get(entry)
+        if now is None or not path.is_file():
+            continue
+        stored = load_run(path, entry, seed, dataset)["summary"].get("config")
+        if not isinstance(stored, dict):
+            continue
+        differences = [
+            f"{key} {stored[key]!r} then, {now[key]!r} now"
+            for key in sorted(set(stored) & set(now))
+            if key not in PLACE_SETTINGS and str(stored[key]) != str(now[key])
+        ]
+        if differences:
+            shown = "; ".join(differences[:4]) + ("; ..." if len(differences) > 4 else "")
+            raise ComparisonError(
+                f"{path} was trained with other settings than {entry} gets now ({shown}): "
+                "a property file or default changed since. Pick another --out, or delete "
+                f"the run files of {entry} to redo them with today's settings."
+            )
+
+
 def check_out_dir(out: Path, settings: dict, dataset_sha256: str | None = None) -> None:
     """Every run stored in ``out`` must have been made with ``settings`` and on the data
     whose fingerprint is ``dataset_sha256``: an output folder holds one comparison, never
@@ -334,13 +396,14 @@ def validate(
 ) -> dict:
     """Build each model's configuration once before any training, so that an unknown model,
     a missing file or an unprepared dataset fails in seconds, not after hours of runs.
-    Returns the configuration of the first model under each protocol (for the notes), and
-    each entry's protocol label."""
+    Returns the configuration of the first model under each protocol (for the notes),
+    each entry's protocol label, and each entry's effective settings (as run files store
+    them, for ``check_stored_settings``)."""
     from recbole_freq.config.configurator import FreqConfig
     from recbole_freq.data.guard import check_prepared
     from recbole_freq.protocol import protocol_label
 
-    first, labels = {}, {}
+    first, labels, effective = {}, {}, {}
     for protocol in protocols:
         chosen = {} if protocol is None else {"protocol": protocol}
         for model in models:
@@ -361,7 +424,10 @@ def validate(
             check_prepared(config)
             first.setdefault(protocol, config)
             labels[entry_name(model, protocol)] = protocol_label(config)
-    return first, labels
+            effective[entry_name(model, protocol)] = {
+                key: plain_value(config[key]) for key in config.final_config_dict
+            }
+    return first, labels, effective
 
 
 def stored_label_differences(out: Path, entries, seeds, labels: dict) -> list[str]:
