@@ -167,6 +167,22 @@ def cli(argv: list[str]) -> int:
     print(result["markdown"])
     for name, path in result["files"].items():
         print(f"{name:<9} {path}")
+    if result["failed"]:
+        # The tables and unfinished.md of what is stored are written; one line says what
+        # failed (each run's own line is above) and how to go on.
+        command = shlex.join(a for a in argv if a != "--status")
+        first = result["failed"][0]
+        more = (
+            f" (and {len(result['failed']) - 1} more, listed above)"
+            if len(result["failed"]) > 1
+            else ""
+        )
+        print(
+            f"error: {len(result['failed'])} run(s) failed: {first}{more}; the other runs are "
+            f"stored. Continue with: {invoked_command()} {command}",
+            file=sys.stderr,
+        )
+        return 1
     if not result["complete"]:
         command = shlex.join(a for a in argv if a != "--status")
         stopped = "unfinished" if args.status else "stopped at the time limit"

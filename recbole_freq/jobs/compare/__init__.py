@@ -368,6 +368,15 @@ def compare(
             )
         execution.threads_per_run = int(pinned)
     execution.pack(gpu=config["device"].type == "cuda")
+    if len(comparisons) == 1:
+        nested = base / comparisons[0].dataset
+        if (nested / "runs").is_dir() and not (base / "runs").is_dir():
+            # A grid keeps each dataset's runs in <out>/<dataset>/: read from <out>, its
+            # stored runs would look missing and be trained again.
+            raise ComparisonError(
+                f"{base} is a grid's output folder: its runs on {comparisons[0].dataset} are in "
+                f"{nested}; give --out {nested}, or the grid's --dataset list with --out {base}"
+            )
     locks = []
     try:
         for folder in [base] + [c.out for c in comparisons if c.out != base]:
@@ -524,11 +533,6 @@ def train_missing(comparisons: list[Comparison], execution: Execution) -> tuple[
         if partial:
             kept += "; unfinished runs keep their completed epochs in " + ", ".join(partial)
         raise RunInterrupted(kept) from interrupt
-    if outcome.failed:
-        raise RuntimeError(
-            f"{len(outcome.failed)} run(s) failed (the others are stored):\n"
-            + "\n".join(outcome.failed)
-        )
     return outcome, skipped
 
 
@@ -594,7 +598,8 @@ def _results(comparisons: list[Comparison], base: Path, outcome: Outcome, skippe
         "skipped": shown(skipped),
         "stopped": shown(outcome.stopped),
         "not_started": shown(outcome.not_started),
-        "complete": not (outcome.stopped or outcome.not_started),
+        "failed": list(outcome.failed),
+        "complete": not (outcome.stopped or outcome.not_started or outcome.failed),
         "metrics": comparisons[0].metrics,
         "baselines": [m for m in comparisons[0].ordered if m in comparisons[0].baselines],
     }
