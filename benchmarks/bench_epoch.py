@@ -156,6 +156,11 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--name", default=None, help="file stem (default: epoch-<dataset>-<device>)"
     )
+    parser.add_argument(
+        "--merge",
+        default=None,
+        help="a JSON this bench wrote: its runs join this table (an interrupted bench goes on)",
+    )
     args = parser.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     args.modes = [m for m in args.modes.split(",") if m]
