@@ -311,3 +311,41 @@ def test_one_dataset_of_a_grid_read_from_the_grids_folder_is_refused(
     assert main([*args, "--status", *cli_args(overrides_of(small_config))]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"give --out {out / 'tiny'}" in err[0]
+
+
+def test_a_run_file_whose_per_user_ranks_are_not_a_mapping_is_one_line(
+    small_config, tmp_path, capsys
+):
+    from recbole_freq.jobs.compare.runs import record_digest
+
+    out = tmp_path / "cmp"
+    overrides = overrides_of(small_config, epochs=1)
+    args = ["--compare", "SASRec", "--dataset=tiny", "--seeds", "1", "--out", str(out)]
+    assert main([*args, *cli_args(overrides)]) == 0
+    path = out / "runs" / "SASRec-seed1.json"
+    record = json.loads(path.read_text())
+    record["summary"]["test_per_user"] = "x"
+    del record["digest"]
+    record["digest"] = record_digest(record)
+    path.write_text(json.dumps(record))
+    capsys.readouterr()
+    assert main([*args, *cli_args(overrides)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "test_per_user is not a mapping" in err[0]
+
+
+def test_a_state_whose_history_holds_nan_is_refused_before_training(
+    small_config, tmp_path, monkeypatch, capsys
+):
+    import torch
+
+    out, overrides = _stored_state(small_config, tmp_path, monkeypatch)
+    state_file = out / "partial" / "SASRec-seed1.resume.pth"
+    state = torch.load(state_file, weights_only=True)
+    state["history"][0]["valid_score"] = float("nan")
+    torch.save(state, state_file)
+    capsys.readouterr()
+    args = ["--compare", "SASRec", "--dataset=tiny", "--seeds", "1", "--out", str(out)]
+    assert main([*args, *cli_args(overrides)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a finite number" in err[0]

@@ -4,6 +4,7 @@ exactly where an uninterrupted run ends."""
 from pathlib import Path
 
 import pytest
+import torch
 
 import recbole_freq.quick_start.resume as resume_module
 from conftest import without_transformer_settings
@@ -394,3 +395,21 @@ def test_status_tables_unfinished_runs_from_their_resume_states_without_training
     assert main([*args, *cli(shared)]) == 0
     assert (out / "comparison.md").is_file() and not state_file.exists()
     assert not (out / "unfinished.md").exists() and not (out / "unfinished.csv").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA continues it")
+def test_a_state_recorded_on_cuda_continues_on_a_cpu_machine(small_config, monkeypatch, capsys):
+    from recbole_freq.checkpoint.schema import to_plain_checkpoint
+    from recbole_freq.quick_start.resume import load_resume_state
+
+    interrupt_at_epoch(monkeypatch, 1)
+    main(["--model=SASRec", "--dataset=tiny", *cli(dict(small_config, epochs=3))])
+    state_file = capsys.readouterr().err.rsplit("--resume ", 1)[1].strip()
+    monkeypatch.undo()
+    state = load_resume_state(state_file)
+    state["config"]["device"] = torch.device("cuda")  # as a lent GPU's run records it
+    state["config"]["use_gpu"] = True
+    state.pop("dataset_sha256")
+    torch.save(to_plain_checkpoint(state), state_file)
+    assert main(["--resume", state_file]) == 0
+    assert "epochs run: 3" in capsys.readouterr().out

@@ -157,6 +157,7 @@ def resume_run(path, trust_data=False) -> dict:
     state = load_resume_state(path)
     config = state["config"]
     drop_pickled_cache_settings(config, path)
+    continue_on_this_machine(config)
     check_resume_data(state, config, path, trust_data)
     # Outputs go beside the resume file, as the interrupted run wrote them: never where
     # the file's content (its config's checkpoint_dir) points.
@@ -168,6 +169,21 @@ def resume_run(path, trust_data=False) -> dict:
         state=state,
         checkpoint_file=str(checkpoint_file_for(Path(path).resolve())),
     )
+
+
+def continue_on_this_machine(config) -> None:
+    """A run recorded on a CUDA device continues on the CPU of a machine without one (a
+    state made on a lent GPU is carried back): the device is the machine's, not a setting
+    of the run (``settings_differences`` ignores it; the run file records each segment's
+    device)."""
+    device = config["device"]
+    if str(getattr(device, "type", device)).startswith("cuda") and not torch.cuda.is_available():
+        logging.getLogger().warning(
+            f"the run was recorded on {device}; this machine has no CUDA device: it continues "
+            "on the CPU"
+        )
+        config["device"] = torch.device("cpu")
+        config["use_gpu"] = False
 
 
 def run_config(

@@ -202,6 +202,16 @@ def progress_problem(state: dict, epochs=None, model=None, dataset=None, seed=No
     ):
         count = len(history) if isinstance(history, list) else "no"
         return f"it records next epoch {next_epoch!r} with {count} epoch(s) of history"
+    import math
+
+    for entry in history:
+        score = entry.get("valid_score") if isinstance(entry, dict) else None
+        if score is not None and (
+            isinstance(score, bool)
+            or not isinstance(score, (int, float))
+            or not math.isfinite(score)
+        ):
+            return f"its history holds the validation score {score!r}, not a finite number"
     if epochs is not None and next_epoch > int(epochs):
         return f"it records {next_epoch} epochs done of a run of {epochs}"
     config = state.get("config")

@@ -232,6 +232,14 @@ def _metrics_problem(summary: dict) -> str | None:
         return "its extra_test_results is not a mapping of modes to metrics"
     for mode, results in extra.items():
         problem = problem or results_problem(results, f"extra_test_results {mode}")
+    per_user = summary.get("test_per_user")
+    if not problem and per_user is not None:
+        if not isinstance(per_user, dict) or not all(
+            isinstance(per_user.get(key), list) for key in ("users", "rank")
+        ):
+            return "its test_per_user is not a mapping with the users and their ranks"
+        if len(per_user["users"]) != len(per_user["rank"]):
+            return "its test_per_user holds a different number of users and ranks"
     return problem
 
 
