@@ -349,3 +349,51 @@ def test_a_state_whose_history_holds_nan_is_refused_before_training(
     assert main([*args, *cli_args(overrides)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a finite number" in err[0]
+
+
+def test_temporary_files_of_killed_runs_are_removed_from_partial_and_runs(small_config, tmp_path):
+    out = tmp_path / "cmp"
+    dead = 2**22 + 12345  # above any pid this machine hands out (pid_max <= 2**22)
+    for name in ("partial", "runs"):
+        (out / name).mkdir(parents=True)
+        (out / name / f".SASRec-seed1.x.recbole-freq.{dead}-00ff00ff00ff00ff.tmp").write_bytes(
+            b"half"
+        )
+        (out / name / "notes.txt").write_text("mine")
+    compare("SASRec", "tiny", seeds="1", overrides=overrides_of(small_config, epochs=1),
+            out=out, log=print, status=True)  # fmt: skip
+    for name in ("partial", "runs"):
+        assert sorted(p.name for p in (out / name).iterdir()) == ["notes.txt"]
+
+
+def test_a_time_limit_that_lets_nothing_start_says_so_instead_of_continue_with(
+    small_config, tmp_path, capsys
+):
+    args = ["--compare", "SASRec", "--dataset=tiny", "--seeds", "1", "--out", str(tmp_path)]
+    code = main([*args, "--time_limit", "0.0000001", *cli_args(overrides_of(small_config))])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 3
+    assert len(err) == 1 and "give a longer --time_limit" in err[0]
+    assert "Continue with" not in err[0]
+
+
+def test_a_grid_state_without_a_data_fingerprint_advises_what_the_grid_accepts(
+    small_config, tmp_path, monkeypatch, capsys
+):
+    import torch
+
+    from recbole_freq.checkpoint.schema import to_plain_checkpoint
+    from recbole_freq.quick_start.resume import load_resume_state
+
+    out, overrides = _stored_state(small_config, tmp_path, monkeypatch)
+    state_file = out / "partial" / "SASRec-seed1.resume.pth"
+    state = load_resume_state(state_file)
+    state["config"]["dataset_sha256"] = None
+    state.pop("dataset_sha256")
+    torch.save(to_plain_checkpoint(state), state_file)
+    capsys.readouterr()
+    args = ["--compare", "SASRec", "--dataset=tiny", "--seeds", "1", "--out", str(out)]
+    assert main([*args, *cli_args(overrides)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "records no dataset fingerprint" in err[0]
+    assert "--trust_data" not in err[0] and f"delete {state_file}" in err[0]

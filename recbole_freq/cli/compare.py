@@ -185,6 +185,14 @@ def cli(argv: list[str]) -> int:
         return 1
     if not result["complete"]:
         command = shlex.join(a for a in argv if a != "--status")
+        if not args.status and not result["trained"] and not result["stopped"]:
+            # Nothing began: the same command would end the same way.
+            print(
+                f"the time limit ended before any run could start ({len(result['not_started'])} "
+                "not started); give a longer --time_limit (a run's first epoch must fit in it)",
+                file=sys.stderr,
+            )
+            return TIME_LIMIT_EXIT
         stopped = "unfinished" if args.status else "stopped at the time limit"
         print(
             f"{len(result['stopped'])} run(s) {stopped} and "

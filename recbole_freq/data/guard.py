@@ -164,21 +164,32 @@ TRUST_DATA_OPTION = "--trust_data"
 
 
 def check_recorded_dataset(
-    config, recorded, source: str, advice: str, trust_data=False, error=DatasetChangedError
+    config,
+    recorded,
+    source: str,
+    advice: str,
+    trust_data=False,
+    error=DatasetChangedError,
+    trust_option: bool = True,
 ) -> None:
     """``recorded`` (a checkpoint's or resume state's ``dataset_sha256``) must be the
     fingerprint of the dataset ``config`` points at: same-shaped data with the items
     permuted would otherwise give other recommendations with the same scores.  A file
     that records none (written by RecBole itself, before the plugin recorded them, or
-    edited) proves nothing and is refused unless ``trust_data``."""
+    edited) proves nothing and is refused unless ``trust_data`` (``trust_option``: whether
+    the caller's command has ``--trust_data`` to advise)."""
     check_prepared(config)
     if not recorded:
         if trust_data:
             return
+        way_out = (
+            f"pass {TRUST_DATA_OPTION} to use it anyway"
+            if trust_option
+            else advice  # a job without that option (--compare): the caller's advice
+        )
         raise error(
             f"{source} records no dataset fingerprint (dataset_sha256), so nothing shows "
-            f"that {config['data_path']} holds the data it was trained on; pass "
-            f"{TRUST_DATA_OPTION} to use it anyway"
+            f"that {config['data_path']} holds the data it was trained on; {way_out}"
         )
     current = dataset_fingerprint(config)
     if current != recorded:

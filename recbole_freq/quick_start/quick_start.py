@@ -304,7 +304,9 @@ def keep_resume_state(config, saved, trainer, loaders, resume_file, state, deadl
         resume_file = Path(resume_file or resume_file_for(trainer.saved_model_file))
         if state is None and resume_file.is_file():
             state = load_resume_state(resume_file)
-            check_resume_data(state, config, resume_file)
+            # The run's own resume state (a grid's partial/, a time-limited run): its
+            # command has no --trust_data to advise.
+            check_resume_data(state, config, resume_file, trust_option=False)
         check_deadline = EpochDeadline(deadline) if deadline is not None else None
 
         def before_epoch(epoch: int) -> None:

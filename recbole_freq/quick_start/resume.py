@@ -234,14 +234,17 @@ def best_epoch(state: dict) -> dict | None:
     return next((e for e in state.get("history") or [] if e.get("valid_score") == best), None)
 
 
-def check_resume_data(state: dict, config, resume_file, trust_data=False) -> None:
-    """The data must be what the interrupted run trained on (``dataset_sha256``)."""
+def check_resume_data(
+    state: dict, config, resume_file, trust_data=False, trust_option: bool = True
+) -> None:
+    """The data must be what the interrupted run trained on (``dataset_sha256``);
+    ``trust_option``: whether the command has ``--trust_data`` (``--resume``) to advise."""
     from recbole_freq.data.guard import check_recorded_dataset
 
     check_recorded_dataset(
         config, state["dataset_sha256"], f"resume state {str(resume_file)!r}",
         f"Prepare the data it was trained on again, or delete {resume_file} to start afresh.",
-        trust_data, ResumeError,
+        trust_data, ResumeError, trust_option,
     )  # fmt: skip
 
 

@@ -384,6 +384,11 @@ def compare(
             locks.append(lock_out_dir(folder))  # two comparisons into one folder mix runs
         for c in comparisons:
             check_output_entries(c.out)
+            for name in ("partial", "runs"):
+                if (c.out / name).is_dir():
+                    # Proves it writable before hours of training, and removes what
+                    # killed runs left half-written there (14 MB a state on Beauty).
+                    check_writable(c.out / name, f"the {name}/ folder of --out")
             check_out_dir(c.out, c.settings, c.dataset_sha256)
             check_stored_settings(c.out, [(j.entry, j.seed) for j in c.jobs], c.effective_settings)
         if status:
