@@ -397,3 +397,35 @@ def test_a_grid_state_without_a_data_fingerprint_advises_what_the_grid_accepts(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "records no dataset fingerprint" in err[0]
     assert "--trust_data" not in err[0] and f"delete {state_file}" in err[0]
+
+
+def test_a_second_grid_into_a_busy_folder_is_refused_before_planning(
+    small_config, tmp_path, monkeypatch, capsys
+):
+    import recbole_freq.jobs.compare as compare_module
+    from recbole_freq.jobs.compare.runs import lock_out_dir
+
+    out = tmp_path / "cmp"
+    out.mkdir()
+    held = lock_out_dir(out)  # another comparison writing it right now
+    planned = []
+    monkeypatch.setattr(compare_module, "plan", lambda *args: planned.append(args))
+    try:
+        args = ["--compare", "SASRec", "--dataset=tiny", "--seeds", "1", "--out", str(out)]
+        assert main([*args, *cli_args(overrides_of(small_config))]) == 2
+    finally:
+        held.release()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "another comparison is writing" in err[0]
+    assert planned == []
+
+
+def test_an_interrupt_outside_training_does_not_claim_nothing_was_written(capsys):
+    """SIGTERM while a grid writes its tables printed 'nothing was written' though the
+    run file and two tables were on disk."""
+    from recbole_freq.cli.common import report_interrupt
+
+    assert report_interrupt(KeyboardInterrupt()) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nothing was written" not in err
+    assert "each file it had written is whole" in err

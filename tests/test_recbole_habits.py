@@ -443,3 +443,30 @@ def test_plain_recbole_runs_in_the_plugins_environment(small_config, tiny_data, 
     assert "plain RecBole ran and reloaded BSARec" in hooked.stdout
     site_hook.remove(tmp_path / "site")
     assert not hook.exists()
+
+
+def test_the_site_hook_fails_open_where_the_plugin_cannot_be_imported(tmp_path, monkeypatch):
+    """The .pth left behind by `pip uninstall`, or a broken plugin: RecBole still loads,
+    after one warning that says how to take the hook out (every `import recbole` in the
+    environment failed before)."""
+    from recbole_freq.compat import site_hook
+
+    hook = site_hook.install(tmp_path / "site")
+    code = WITHOUT_SITE_HOOK + (
+        "import site; site.addsitedir(sys.argv[1])\n"
+        "sys.modules['recbole_freq'] = None  # as if uninstalled\n"
+        "import recbole.config\n"
+        "print('recbole loaded')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(hook.parent)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "recbole loaded" in done.stdout
+    warnings = [line for line in done.stderr.splitlines() if "fixes not applied" in line]
+    assert len(warnings) == 1 and "--remove" in warnings[0]
+
+    # A site-packages that cannot be written: one line and exit 1, no traceback.
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    monkeypatch.setattr(site_hook, "site_packages", lambda: blocked / "site")
+    assert site_hook.main([]) == 1

@@ -126,6 +126,13 @@ def report_interrupt(error: KeyboardInterrupt) -> int:
     143 after SIGTERM."""
     if os.environ.get("RECBOLE_FREQ_DEBUG"):
         raise error
-    message = str(error) if isinstance(error, RunInterrupted) else "nothing was written"
+    # Where the job stood is not known here: every write is atomic, so each file it
+    # finished is whole and the one it was writing was not written.
+    message = (
+        str(error)
+        if isinstance(error, RunInterrupted)
+        else "stopped before the end; each file it had written is whole, the one it was "
+        "writing (if any) was not written"
+    )
     print("interrupted: " + " ".join(message.split()), file=sys.stderr)
     return 143 if terminated() else 130

@@ -6,7 +6,9 @@ A plain RecBole program in the environment the plugin sets up failed unless it i
 in a ``.pth`` file of the environment's site-packages (``HOOK_FILE``) puts a finder on
 ``sys.meta_path`` at interpreter start; the first ``import recbole`` makes it remove
 itself and import ``recbole_freq`` (which installs every fix, importing no RecBole
-module), then RecBole loads as usual.  Until then it costs one call per new import, and
+module), then RecBole loads as usual.  The hook fails open: where ``recbole_freq`` cannot
+be imported (uninstalled with the ``.pth`` left behind, a broken installation) RecBole
+loads without the fixes, after one warning that says how to take the hook out.  Until then it costs one call per new import, and
 a program that never imports RecBole never loads the plugin.
 
 ``scripts/dev setup`` installs it into ``.venv``; a pip installation adds it with
@@ -29,7 +31,13 @@ HOOK_LINE = (
     " def find_spec(self, name, path=None, target=None):\\n"
     "  if name == 'recbole':\\n"
     "   sys.meta_path.remove(self)\\n"
-    "   import recbole_freq\\n"
+    "   try:\\n"
+    "    import recbole_freq\\n"
+    "   except Exception as error:\\n"
+    "    import warnings\\n"
+    "    warnings.warn('recbole-freq fixes not applied (' + repr(error) + '): RecBole loads "
+    "without them; python -m recbole_freq.compat.site_hook --remove, or delete "
+    f"{HOOK_FILE} from site-packages, takes this hook out', RuntimeWarning, 2)\\n"
     "  return None\\n"
     "'recbole' in sys.modules or any(type(f).__name__ == 'RecBoleFreqFixes' for f in "
     'sys.meta_path) or sys.meta_path.insert(0, RecBoleFreqFixes())")\n'
@@ -61,10 +69,18 @@ def main(argv: list[str]) -> int:
     if argv not in ([], ["--remove"]):
         print("usage: python -m recbole_freq.compat.site_hook [--remove]", file=sys.stderr)
         return 2
-    if argv:
-        print(f"removed {remove()}")
-    else:
-        print(f"RecBole imported in this environment now gets recbole-freq's fixes: {install()}")
+    from recbole_freq.utils.files import OutputWriteError
+
+    try:
+        if argv:
+            print(f"removed {remove()}")
+        else:
+            path = install()
+            print(f"RecBole imported in this environment now gets recbole-freq's fixes: {path}")
+    except (OSError, OutputWriteError) as error:
+        what = "remove" if argv else "write"
+        print(f"error: cannot {what} {site_packages() / HOOK_FILE}: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

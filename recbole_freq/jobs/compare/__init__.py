@@ -355,6 +355,21 @@ def compare(
         )
         for name in datasets
     ]  # fmt: skip
+    folders = [base] + [c.out for c in comparisons if c.out != base]
+    # A folder that exists may be another comparison's right now: say so before the
+    # minute of planning (the data checks), not after it.
+    locks = {folder: lock_out_dir(folder) for folder in folders if folder.is_dir()}
+    try:
+        return _planned_and_run(comparisons, base, folders, locks, metrics, execution, status)
+    finally:
+        for lock in locks.values():
+            lock.release()
+
+
+def _planned_and_run(comparisons, base, folders, locks, metrics, execution, status) -> dict:
+    """``compare`` once the folders that exist are locked: plan every comparison, lock
+    and check the output folders, train what is missing (or only read, under
+    ``status``), write the tables."""
     for comparison in comparisons:
         plan(comparison, metrics)
     config = next(iter(comparisons[0].configs.values()))
@@ -377,28 +392,26 @@ def compare(
                 f"{base} is a grid's output folder: its runs on {comparisons[0].dataset} are in "
                 f"{nested}; give --out {nested}, or the grid's --dataset list with --out {base}"
             )
-    locks = []
-    try:
-        for folder in [base] + [c.out for c in comparisons if c.out != base]:
-            check_writable(folder, "--out")
-            locks.append(lock_out_dir(folder))  # two comparisons into one folder mix runs
-        for c in comparisons:
-            check_output_entries(c.out)
-            for name in ("partial", "runs"):
-                if (c.out / name).is_dir():
-                    # Proves it writable before hours of training, and removes what
-                    # killed runs left half-written there (14 MB a state on Beauty).
-                    check_writable(c.out / name, f"the {name}/ folder of --out")
-            check_out_dir(c.out, c.settings, c.dataset_sha256)
-            check_stored_settings(c.out, [(j.entry, j.seed) for j in c.jobs], c.effective_settings)
-        if status:
-            outcome, skipped = stored_outcome(comparisons)
-        else:
-            outcome, skipped = train_missing(comparisons, execution)
-        return _results(comparisons, base, outcome, skipped)
-    finally:
-        for lock in locks:
-            lock.release()
+    for folder in folders:
+        check_writable(folder, "--out")
+        if folder not in locks:  # two comparisons into one folder mix runs
+            locks[folder] = lock_out_dir(folder)
+    for c in comparisons:
+        check_output_entries(c.out)
+        for name in ("partial", "runs"):
+            if (c.out / name).is_dir():
+                # Proves it writable before hours of training, and removes what killed
+                # runs left half-written there (14 MB a state on Beauty).
+                check_writable(c.out / name, f"the {name}/ folder of --out")
+        check_out_dir(c.out, c.settings, c.dataset_sha256)
+        check_stored_settings(
+            c.out, [(j.entry, j.seed) for j in c.jobs], c.effective_settings, c.dataset
+        )
+    if status:
+        outcome, skipped = stored_outcome(comparisons)
+    else:
+        outcome, skipped = train_missing(comparisons, execution)
+    return _results(comparisons, base, outcome, skipped)
 
 
 def checked_request(comparison: Comparison, metrics) -> Comparison:
