@@ -429,3 +429,22 @@ def test_an_interrupt_outside_training_does_not_claim_nothing_was_written(capsys
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nothing was written" not in err
     assert "each file it had written is whole" in err
+
+
+def test_status_of_a_running_grid_reads_its_progress_and_writes_nothing(
+    small_config, tmp_path, monkeypatch, capsys
+):
+    from recbole_freq.jobs.compare.runs import lock_out_dir
+
+    out, overrides = _stored_state(small_config, tmp_path, monkeypatch)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    held = lock_out_dir(out)  # the grid is running
+    try:
+        args = ["--compare", "SASRec", "--dataset=tiny", "--seeds", "1", "--out", str(out)]
+        capsys.readouterr()
+        assert main([*args, *cli_args(overrides), "--status"]) == 3
+    finally:
+        held.release()
+    shown = capsys.readouterr().out
+    assert "| SASRec | 1 | 2 |" in shown and "read only" in shown
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

@@ -165,6 +165,8 @@ def cli(argv: list[str]) -> int:
     if labels:
         print(f"Protocol{'s' if ',' in labels else ''}: {labels}\n")
     print(result["markdown"])
+    if result.get("read_only"):
+        print("(read only: another comparison is writing this folder; no file was written)")
     for name, path in result["files"].items():
         print(f"{name:<9} {path}")
     if result["failed"]:

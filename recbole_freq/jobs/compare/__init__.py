@@ -358,18 +358,30 @@ def compare(
     folders = [base] + [c.out for c in comparisons if c.out != base]
     # A folder that exists may be another comparison's right now: say so before the
     # minute of planning (the data checks), not after it.
-    locks = {folder: lock_out_dir(folder) for folder in folders if folder.is_dir()}
+    locks, read_only = {}, False
     try:
-        return _planned_and_run(comparisons, base, folders, locks, metrics, execution, status)
+        for folder in [f for f in folders if f.is_dir()]:
+            try:
+                locks[folder] = lock_out_dir(folder)
+            except ComparisonError:
+                if not status:
+                    raise
+                read_only = True  # --status of a running comparison: it reads, writes nothing
+        return _planned_and_run(
+            comparisons, base, folders, locks, metrics, execution, status, read_only
+        )
     finally:
         for lock in locks.values():
             lock.release()
 
 
-def _planned_and_run(comparisons, base, folders, locks, metrics, execution, status) -> dict:
+def _planned_and_run(
+    comparisons, base, folders, locks, metrics, execution, status, read_only=False
+) -> dict:
     """``compare`` once the folders that exist are locked: plan every comparison, lock
     and check the output folders, train what is missing (or only read, under
-    ``status``), write the tables."""
+    ``status``), write the tables.  ``read_only``: ``--status`` of a folder another
+    comparison is writing: its progress is read and shown, nothing is written."""
     for comparison in comparisons:
         plan(comparison, metrics)
     config = next(iter(comparisons[0].configs.values()))
@@ -393,13 +405,15 @@ def _planned_and_run(comparisons, base, folders, locks, metrics, execution, stat
                 f"{nested}; give --out {nested}, or the grid's --dataset list with --out {base}"
             )
     for folder in folders:
+        if read_only:
+            break
         check_writable(folder, "--out")
         if folder not in locks:  # two comparisons into one folder mix runs
             locks[folder] = lock_out_dir(folder)
     for c in comparisons:
         check_output_entries(c.out)
         for name in ("partial", "runs"):
-            if (c.out / name).is_dir():
+            if (c.out / name).is_dir() and not read_only:
                 # Proves it writable before hours of training, and removes what killed
                 # runs left half-written there (14 MB a state on Beauty).
                 check_writable(c.out / name, f"the {name}/ folder of --out")
@@ -411,7 +425,7 @@ def _planned_and_run(comparisons, base, folders, locks, metrics, execution, stat
         outcome, skipped = stored_outcome(comparisons)
     else:
         outcome, skipped = train_missing(comparisons, execution)
-    return _results(comparisons, base, outcome, skipped)
+    return _results(comparisons, base, outcome, skipped, read_only)
 
 
 def checked_request(comparison: Comparison, metrics) -> Comparison:
@@ -568,9 +582,12 @@ def stored_outcome(comparisons: list[Comparison]) -> tuple[Outcome, list]:
     return outcome, skipped
 
 
-def _results(comparisons: list[Comparison], base: Path, outcome: Outcome, skipped) -> dict:
+def _results(
+    comparisons: list[Comparison], base: Path, outcome: Outcome, skipped, read_only=False
+) -> dict:
     """Each dataset's tables once all its runs are stored, the grid's with several
-    datasets (from the runs stored so far), and what became of the runs."""
+    datasets (from the runs stored so far), and what became of the runs; ``read_only``:
+    the same markdown, no file written (another comparison is writing the folder)."""
     single = len(comparisons) == 1
     stored = {
         c.dataset: {
@@ -585,11 +602,17 @@ def _results(comparisons: list[Comparison], base: Path, outcome: Outcome, skippe
     rows, sections, files = [], [], {}
     for c in comparisons:
         if len(stored[c.dataset]) < len(c.jobs):
-            written, markdown = write_unfinished(c)
+            if read_only:
+                written, markdown = {}, unfinished_markdown(*unfinished_rows(c.jobs, c.metrics),
+                                                            c.metrics)  # fmt: skip
+            else:
+                written, markdown = write_unfinished(c)
         else:
-            remove_unfinished(c.out)
             c_rows, plot_rows, markdown = tabulate(c, stored[c.dataset])
-            written = write_comparison(c, stored[c.dataset], c_rows, plot_rows, markdown)
+            written = {}
+            if not read_only:
+                remove_unfinished(c.out)
+                written = write_comparison(c, stored[c.dataset], c_rows, plot_rows, markdown)
             rows += [{**row, "dataset": c.dataset} if not single else row for row in c_rows]
         sections.append(markdown if single else f"## {c.dataset}\n\n{markdown}")
         files.update(written if single else {f"{c.dataset} {k}": v for k, v in written.items()})
@@ -603,9 +626,11 @@ def _results(comparisons: list[Comparison], base: Path, outcome: Outcome, skippe
             first.metrics,
             {c.dataset: str(c.out) for c in comparisons},
         )
-        files["grid"], files["grid_csv"] = base / "grid.md", base / "grid.csv"
-        write_atomic(files["grid"], grid)
-        write_atomic(files["grid_csv"], grid_csv_text(stored, entries, first.seeds, first.metrics))
+        if not read_only:
+            files["grid"], files["grid_csv"] = base / "grid.md", base / "grid.csv"
+            write_atomic(files["grid"], grid)
+            grid_csv = grid_csv_text(stored, entries, first.seeds, first.metrics)
+            write_atomic(files["grid_csv"], grid_csv)
         sections.insert(0, grid)
     shown = (lambda runs: [(e, s) for _, e, s in runs]) if single else list
     return {
@@ -617,6 +642,7 @@ def _results(comparisons: list[Comparison], base: Path, outcome: Outcome, skippe
         "stopped": shown(outcome.stopped),
         "not_started": shown(outcome.not_started),
         "failed": list(outcome.failed),
+        "read_only": read_only,
         "complete": not (outcome.stopped or outcome.not_started or outcome.failed),
         "metrics": comparisons[0].metrics,
         "baselines": [m for m in comparisons[0].ordered if m in comparisons[0].baselines],
