@@ -69,6 +69,8 @@ def one_run(model: str, mode: str, args) -> dict:
         "train_loss": [epoch["train_loss"] for epoch in history],
         "valid_score": [epoch.get("valid_score") for epoch in history],
         "test_result": summary["test_result"],
+        "protocol": summary.get("protocol"),
+        "training_loss": summary.get("training_loss"),
         "device": summary["device"],
         "environment": summary.get("environment"),
     }

@@ -448,3 +448,16 @@ def test_status_of_a_running_grid_reads_its_progress_and_writes_nothing(
     shown = capsys.readouterr().out
     assert "| SASRec | 1 | 2 |" in shown and "read only" in shown
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("job", ["--compare", "--analyze"])
+def test_an_out_name_too_long_is_a_usage_error_everywhere(small_config, tmp_path, capsys, job):
+    out = tmp_path / ("x" * 300)
+    if job == "--compare":
+        args = ["--compare", "SASRec", "--dataset=tiny", "--seeds", "1", "--out", str(out)]
+        args += cli_args(overrides_of(small_config))
+    else:
+        args = ["--analyze", "nothing.json", "--out", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "too long" in err[0]

@@ -22,6 +22,7 @@ then finds it cannot store the result.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -168,6 +169,10 @@ def check_writable(folder: str | os.PathLike, what: str) -> Path:
         os.close(_open_exclusive(probe))
         os.unlink(probe)
     except OSError as error:
+        if error.errno == errno.ENAMETOOLONG:  # the name given, not the machine: usage
+            raise OutputPathError(
+                f"{what} {folder}: a name in it is too long for the file system; give a shorter one"
+            ) from error
         raise OutputWriteError(
             error.errno, f"cannot write to {what} {folder}: {_reason(error)}"
         ) from error
