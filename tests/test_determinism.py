@@ -109,6 +109,23 @@ def test_every_run_file_records_what_decides_its_numbers(runs):
     assert record["deterministic_algorithms"] is False
 
 
+def test_a_run_file_records_the_commit_of_the_code_it_ran():
+    """The commit of the checkout the package runs from, and whether it had uncommitted
+    changes (issue 70: no run file could say which code made it)."""
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    code = environment_record({"device": "cpu"})["code"]
+    assert code["commit"] == head.stdout.strip()
+    changed = subprocess.run(
+        ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert code["uncommitted_changes"] is bool(changed)
+
+
 def test_deterministic_pins_threads_and_turns_deterministic_algorithms_on_and_off_again():
     before = torch.get_num_threads()
     try:

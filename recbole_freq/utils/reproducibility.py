@@ -137,9 +137,51 @@ def _version(module_name: str) -> str | None:
         return None
 
 
+_CODE_IDENTITY: dict | None = None
+
+
+def code_identity() -> dict:
+    """The code this process runs: the git commit of the checkout the package was
+    imported from and whether its tracked files had uncommitted changes then (None for
+    both where it is an installed package, not a checkout, or git is missing), and the
+    package version.  Read once per process (a resumed run's later segments are other
+    processes and record their own)."""
+    global _CODE_IDENTITY
+    if _CODE_IDENTITY is None:
+        import subprocess
+        from pathlib import Path
+
+        root = Path(__file__).resolve().parents[2]
+        commit = changed = None
+        # Neither hooks nor a file-system monitor (core.fsmonitor names a program) run:
+        # nothing in the checkout's git configuration executes.
+        git = ["git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
+               "--no-optional-locks", "-C", str(root)]  # fmt: skip
+        try:
+            if (root / ".git").exists() and (root / "recbole_freq").is_dir():
+                commit = subprocess.run(
+                    [*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=20,
+                    check=True,
+                ).stdout.strip() or None  # fmt: skip
+                status = subprocess.run(
+                    [*git, "status", "--porcelain", "--untracked-files=no"],
+                    capture_output=True, text=True, timeout=60, check=True,
+                ).stdout  # fmt: skip
+                changed = bool(status.strip())
+        except (OSError, subprocess.SubprocessError):
+            commit = changed = None
+        _CODE_IDENTITY = {
+            "commit": commit,
+            "uncommitted_changes": changed,
+            "recbole_freq_version": _version("recbole-freq"),
+        }
+    return dict(_CODE_IDENTITY)
+
+
 def environment_record(config) -> dict:
-    """What decides the run's numbers besides its settings: library versions, the device
-    and its name, torch's thread counts and the determinism switches in force."""
+    """What decides the run's numbers besides its settings: the code (its commit), library
+    versions, the device and its name, torch's thread counts and the determinism
+    switches in force."""
     import numpy
     import torch
 
@@ -169,4 +211,5 @@ def environment_record(config) -> dict:
         "mkl_cbwr": os.environ.get("MKL_CBWR"),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         **wait_policy_record(),
+        "code": code_identity(),
     }
