@@ -366,6 +366,7 @@ def test_protocols_side_by_side_and_mixed_protocols_refused(small_config, tmp_pa
         source = out / "runs" / f"{model}@{protocol}-seed5.json"
         record = json.loads(source.read_text())
         record["settings"].pop("protocols")
+        record["model"] = model  # as a one-protocol comparison stores it
         record.pop("digest")  # edited here: as a run file written before digests
         (mixed / "runs").mkdir(parents=True, exist_ok=True)
         (mixed / "runs" / f"{model}-seed5.json").write_text(json.dumps(record))

@@ -419,7 +419,11 @@ def _planned_and_run(
                 check_writable(c.out / name, f"the {name}/ folder of --out")
         check_out_dir(c.out, c.settings, c.dataset_sha256)
         check_stored_settings(
-            c.out, [(j.entry, j.seed) for j in c.jobs], c.effective_settings, c.dataset
+            c.out,
+            [(j.entry, j.seed) for j in c.jobs],
+            c.effective_settings,
+            c.dataset,
+            c.expected_labels,
         )
     if status:
         outcome, skipped = stored_outcome(comparisons)

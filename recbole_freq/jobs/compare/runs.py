@@ -314,7 +314,9 @@ PLACE_SETTINGS = frozenset({
 })  # fmt: skip
 
 
-def check_stored_settings(out: Path, entries_seeds: list, effective: dict, dataset=None) -> None:
+def check_stored_settings(
+    out: Path, entries_seeds: list, effective: dict, dataset=None, labels=None
+) -> None:
     """Every stored run of the comparison was trained with the settings its entry gets
     now, as far as its run file records them (``summary.config``; a setting added to the
     plugin since is not in an older file and is not compared): a property file changed
@@ -324,7 +326,10 @@ def check_stored_settings(out: Path, entries_seeds: list, effective: dict, datas
         now = effective.get(entry)
         if now is None or not path.is_file():
             continue
-        stored = load_run(path, entry, seed, dataset)["summary"].get("config")
+        record = load_run(path, entry, seed, dataset)
+        if labels and run_protocol_label(record) != labels.get(entry):
+            continue  # another protocol: the protocol check says so (--mixed_protocols)
+        stored = record["summary"].get("config")
         if not isinstance(stored, dict):
             continue
         differences = [
