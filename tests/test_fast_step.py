@@ -94,10 +94,9 @@ def test_a_loader_error_is_raised_in_the_step_not_lost_in_the_thread():
 @pytest.mark.parametrize(
     "model, extra",
     [
-        ("SASRec", {}),
         ("BSARec", {"protocol": "bsarec"}),  # history_mask zero
-        ("SASRec", {"history_mask": "exclude"}),
-        ("SASRec", {"train_loss": "bce"}),  # negatives drawn eagerly inside the step
+        # history_mask exclude; BCE: negatives drawn eagerly inside the step
+        ("SASRec", {"history_mask": "exclude", "train_loss": "bce"}),
     ],
 )
 def test_compiled_step_gives_the_eager_numbers(small_config, monkeypatch, model, extra):
