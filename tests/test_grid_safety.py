@@ -2,6 +2,7 @@
 through a link planted in ``partial/``, and a finished run's resume state kept until its
 run file is stored."""
 
+import contextlib
 import errno
 import json
 import os
@@ -364,6 +365,43 @@ def test_temporary_files_of_killed_runs_are_removed_from_partial_and_runs(small_
             out=out, log=print, status=True)  # fmt: skip
     for name in ("partial", "runs"):
         assert sorted(p.name for p in (out / name).iterdir()) == ["notes.txt"]
+
+
+@contextlib.contextmanager
+def unwritable(folder):
+    """``folder`` made unwritable for this process: by its mode for a user, by the
+    immutable attribute for root (whom no mode stops); skips where neither can be set."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)
+        return
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("running as root where chattr +i is not allowed: no folder is unwritable")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def test_a_read_only_partial_folder_is_one_line_before_training(small_config, tmp_path, capsys):
+    """Issue 71, case 16: a read-only ``partial/`` failed one epoch into training."""
+    out = tmp_path / "cmp"
+    (out / "partial").mkdir(parents=True)
+    (out / "partial" / "notes.txt").write_text("mine")
+    args = ["--compare", "SASRec", "--dataset=tiny", "--seeds", "1", "--out", str(out)]
+    with unwritable(out / "partial"):
+        code = main([*args, *cli_args(overrides_of(small_config, epochs=1))])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert len(err) == 1 and "cannot write to the partial/ folder of --out" in err[0]
+    assert sorted(p.name for p in (out / "partial").iterdir()) == ["notes.txt"]
+    assert not (out / "runs").exists() or not list((out / "runs").iterdir())
+    assert not list(tmp_path.rglob("*.pth"))
 
 
 def test_a_time_limit_that_lets_nothing_start_says_so_instead_of_continue_with(

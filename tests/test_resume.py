@@ -183,6 +183,28 @@ def test_a_forged_resume_state_writes_only_beside_itself(small_config, tmp_path,
     assert sorted(p.name for p in forged.parent.iterdir()) == ["run.json", "run.pth"]
 
 
+def test_resume_through_a_link_is_refused_and_the_linked_state_is_untouched(
+    small_config, tmp_path, monkeypatch, capsys
+):
+    """Issue 71, case 1: ``--resume <link>`` wrote its checkpoint beside the link's
+    target and removed the target at the end."""
+    interrupt_at_epoch(monkeypatch, 2)
+    with pytest.raises(RunInterrupted):
+        run("SASRec", "tiny", config_dict=dict(small_config, epochs=3))
+    monkeypatch.undo()
+    saved = Path(small_config["checkpoint_dir"])
+    (state_file,) = saved.glob("*.resume.pth")
+    before = {p.name: p.read_bytes() for p in saved.iterdir() if p.is_file()}
+    link = tmp_path / "elsewhere" / "run.resume.pth"
+    link.parent.mkdir()
+    link.symlink_to(state_file)
+    assert main(["--resume", str(link)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a symbolic link, not a regular file" in err[0]
+    assert {p.name: p.read_bytes() for p in saved.iterdir() if p.is_file()} == before
+    assert sorted(p.name for p in link.parent.iterdir()) == ["run.resume.pth"]
+
+
 def _start(argv, cwd, env=None):
     import subprocess
     import sys

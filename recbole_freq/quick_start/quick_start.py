@@ -145,6 +145,7 @@ def resume_run(path, trust_data=False) -> dict:
     trained on; a state that records no dataset fingerprint only if ``trust_data``."""
     from recbole_freq.checkpoint.loader import drop_pickled_cache_settings
 
+    refuse_linked_resume_file(path)
     comparison = comparison_folder_of(path)
     if comparison is not None:
         # Finished here, the run would land beside the state, not in the comparison's
@@ -161,14 +162,35 @@ def resume_run(path, trust_data=False) -> dict:
     check_resume_data(state, config, path, trust_data)
     # Outputs go beside the resume file, as the interrupted run wrote them: never where
     # the file's content (its config's checkpoint_dir) points.
-    config["checkpoint_dir"] = str(Path(path).resolve().parent)
+    resume_file = Path(os.path.abspath(path))
+    config["checkpoint_dir"] = str(resume_file.parent)
     return run_config(
         config,
         saved=True,
-        resume_file=path,
+        resume_file=resume_file,
         state=state,
-        checkpoint_file=str(checkpoint_file_for(Path(path).resolve())),
+        checkpoint_file=str(checkpoint_file_for(resume_file)),
     )
+
+
+def refuse_linked_resume_file(path) -> None:
+    """``ResumeError`` unless ``path`` is a regular file: through a symbolic link the run
+    would write its checkpoint beside the link's target and remove that target when it
+    finishes (the original state of another folder, a comparison's ``partial/`` ...)."""
+    import stat
+
+    from recbole_freq.utils.inputs import file_kind
+
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return  # a missing file is the loader's one line
+    if not stat.S_ISREG(mode):
+        raise ResumeError(
+            f"{path} is {file_kind(mode)}, not a regular file: --resume writes beside the "
+            "state and removes it when the run ends, so it takes the state itself; copy the "
+            "state (cp, not ln -s) into the folder where the run should continue"
+        )
 
 
 def continue_on_this_machine(config) -> None:
