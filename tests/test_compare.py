@@ -18,6 +18,7 @@ from recbole_freq.jobs.compare import (
     summarise,
 )
 from recbole_freq.jobs.compare.execution import Execution, _check_ray_resources
+from recbole_freq.jobs.compare.runs import record_digest
 
 METRICS = ["hit@5", "hit@10", "hit@20", "ndcg@5", "ndcg@10", "ndcg@20"]
 
@@ -367,7 +368,7 @@ def test_protocols_side_by_side_and_mixed_protocols_refused(small_config, tmp_pa
         record = json.loads(source.read_text())
         record["settings"].pop("protocols")
         record["model"] = model  # as a one-protocol comparison stores it
-        record.pop("digest")  # edited here: as a run file written before digests
+        record["digest"] = record_digest(record)  # edited here, sealed again
         (mixed / "runs").mkdir(parents=True, exist_ok=True)
         (mixed / "runs" / f"{model}-seed5.json").write_text(json.dumps(record))
     with pytest.raises(ComparisonError, match="different protocols.*BSARec: bsarec.*--mixed"):
@@ -609,8 +610,8 @@ def test_a_hand_edited_run_file_is_refused_not_tabulated(one_stored_run, edit, m
 def test_a_run_file_whose_values_cannot_be_metrics_is_refused(one_stored_run, edit, message):
     path, again = one_stored_run
     record = json.loads(path.read_text())
-    record.pop("digest")  # as a file written before digests: the values are still checked
     edit(record)
+    record["digest"] = record_digest(record)  # the values are checked, whatever the digest
     path.write_text(json.dumps(record))
     with pytest.raises(ComparisonError, match=message):
         again()

@@ -248,6 +248,39 @@ def test_a_run_file_copied_under_another_runs_name_is_refused(small_config, tmp_
     assert len(err) == 1 and "SASRec-seed1.json: it records the run of model 'BSARec'" in err[0]
 
 
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ("digest removed", "records no digest"),
+        ("fingerprint removed, digest recomputed", "records no fingerprint of its data"),
+    ],
+)
+def test_a_run_file_without_its_digest_or_data_fingerprint_is_refused(
+    small_config, tmp_path, capsys, edit, message
+):
+    """Issue 71, case 6: a run file whose digest was deleted was accepted, and one whose
+    ``dataset_sha256`` was deleted skipped the data check."""
+    from recbole_freq.jobs.compare.runs import record_digest
+
+    out = tmp_path / "cmp"
+    args = ["--compare", "SASRec", "--dataset=tiny", "--out", str(out)]
+    args += cli_args(overrides_of(small_config, epochs=1))
+    assert main([*args, "--seeds", "1"]) == 0
+    path = out / "runs" / "SASRec-seed1.json"
+    record = json.loads(path.read_text())
+    del record["digest"]
+    if edit.startswith("fingerprint"):
+        del record["summary"]["dataset_sha256"]
+        record["digest"] = record_digest(record)
+    path.write_text(json.dumps(record, indent=2))
+    stored = path.read_bytes()
+    capsys.readouterr()
+    assert main([*args, "--seeds", "1,2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and "SASRec-seed1.json" in err[0]
+    assert path.read_bytes() == stored and not (out / "runs" / "SASRec-seed2.json").exists()
+
+
 def test_runs_stored_under_another_property_file_are_not_mixed_into_a_row(
     small_config, tmp_path, capsys
 ):

@@ -177,7 +177,15 @@ def load_run(path: Path, entry: str | None = None, seed=None, dataset=None) -> d
         or not isinstance(record.get("summary"), dict)
     ):
         raise ComparisonError(f"{path} is not a comparison run file; delete it to redo the run")
-    if "digest" in record and record["digest"] != record_digest(record):
+    if "digest" not in record:
+        # The digest is unkeyed: it finds a file edited or cut after it was stored, not
+        # one forged with its digest recomputed (the checks below read what it records).
+        raise ComparisonError(
+            f"{path} records no digest (written before run files carried one, or its digest "
+            "was removed), so nothing shows it is the file its run stored; delete it to redo "
+            "the run"
+        )
+    if record["digest"] != record_digest(record):
         raise ComparisonError(
             f"{path} was changed after its run was stored (its digest no longer matches); "
             "delete it to redo the run"
@@ -354,7 +362,12 @@ def check_out_dir(out: Path, settings: dict, dataset_sha256: str | None = None) 
         record = load_run(path)
         differences = _settings_difference(record["settings"], settings)
         stored_data = record["summary"].get("dataset_sha256")
-        if dataset_sha256 and stored_data and stored_data != dataset_sha256:
+        if dataset_sha256 and not stored_data:
+            differences.append(
+                "the data (the run records no fingerprint of its data, so nothing shows they "
+                f"are today's, fingerprint {dataset_sha256[:12]})"
+            )
+        elif dataset_sha256 and stored_data != dataset_sha256:
             differences.append(
                 f"the data (fingerprint {stored_data[:12]} then, {dataset_sha256[:12]} now)"
             )
