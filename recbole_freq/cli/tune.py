@@ -110,6 +110,7 @@ def cli(argv: list[str]) -> int:
     args, overrides = parse_job_args(parser, argv)
     # Only now: the search loads torch, RecBole and Ray.
     from recbole_freq.jobs.tune import (
+        SearchNotStarted,
         SearchOptions,
         TrialsFailedError,
         default_search_name,
@@ -148,6 +149,9 @@ def cli(argv: list[str]) -> int:
     except (*EXPECTED_ERRORS, TrialsFailedError) as error:
         code = report_error(error)
         return 1 if isinstance(error, TrialsFailedError) else code
+    except SearchNotStarted as interrupt:
+        again = f". Start it with the same command: {invoked_command()} {shlex.join(argv)}"
+        raise RunInterrupted(f"{interrupt}{again if interrupt.restartable else ''}") from interrupt
     except KeyboardInterrupt as interrupt:
         raise RunInterrupted(
             f"{interrupt if isinstance(interrupt, RunInterrupted) else 'the search stopped'}. "

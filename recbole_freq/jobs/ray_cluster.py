@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 
 
 class RaySetupError(ValueError):
@@ -129,10 +130,24 @@ def start_or_join(ray, address=None, num_cpus=None, error=RaySetupError) -> bool
         return False
     if address:
         check_token_authentication(address, error=error)
+    global _watcher
+    import signal
+
+    from recbole_freq.jobs import ray_reaper
+
+    # ray.init replaces SIGTERM's handler (its own calls sys.exit, which ended a
+    # comparison with a C stack dump and no way on); the command line's is put back.
+    sigterm_handler = signal.getsignal(signal.SIGTERM)
+    # Ray's C++ failure handler printed that dump on SIGTERM; this driver's signals are
+    # handled in Python (its workers keep theirs: they read the environment, not this).
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
     try:
         if address:
             ray.init(address=address, log_to_driver=False)
         else:
+            _watcher = ray_reaper.start_watcher()
             # "local": without it ray.init joins whatever cluster the address file in the
             # shared temp folder names ($RAY_TMPDIR/ray/ray_current_cluster, writable by
             # every user), a stranger's or a dead one.
@@ -140,9 +155,39 @@ def start_or_join(ray, address=None, num_cpus=None, error=RaySetupError) -> bool
                 address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False
             )
     except (ConnectionError, TimeoutError, RuntimeError) as failure:
+        shutdown(ray)
         where = f"the Ray cluster at {address}" if address else "a local Ray"
         raise error(f"cannot start or join {where}: {failure}") from None
+    except BaseException:  # Ctrl-C while Ray starts: nothing of it is left running
+        shutdown(ray)
+        raise
+    finally:
+        if sigterm_handler is not None and _is_main_thread():
+            signal.signal(signal.SIGTERM, sigterm_handler)
     return True
+
+
+# The watcher of the local Ray this process started (``ray_reaper``), while it runs.
+_watcher = None
+
+
+def shutdown(ray) -> None:
+    """Shut down the Ray this process started or joined; a local one's processes are all
+    gone when this returns (``ray_reaper``), Ray's agents included."""
+    global _watcher
+    from recbole_freq.jobs import ray_reaper
+
+    try:
+        ray.shutdown()
+    finally:
+        watcher, _watcher = _watcher, None
+        ray_reaper.release(watcher)
+
+
+def _is_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 def check_resources(

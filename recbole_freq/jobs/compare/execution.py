@@ -23,7 +23,7 @@ from recbole_freq.jobs.compare.runs import (
     split_entry,
     store_run,
 )
-from recbole_freq.jobs.ray_cluster import check_resources, import_ray, start_or_join
+from recbole_freq.jobs.ray_cluster import check_resources, import_ray, shutdown, start_or_join
 from recbole_freq.utils.files import OutputWriteError
 
 
@@ -379,7 +379,7 @@ def run_on_ray(jobs, log, execution: Execution) -> Outcome:
         _check_ray_resources(ray.cluster_resources(), execution, started_here, log)
     except ComparisonError:
         if started_here:
-            ray.shutdown()
+            shutdown(ray)
         raise
     cpus, deadline = execution.cpus_per_run, execution.deadline
     remote = ray.remote(train_job).options(
@@ -406,7 +406,7 @@ def run_on_ray(jobs, log, execution: Execution) -> Outcome:
         for ref in pending:
             ray.cancel(ref, force=True)
         if started_here:
-            ray.shutdown()
+            shutdown(ray)
     return outcome
 
 

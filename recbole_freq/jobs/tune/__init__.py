@@ -36,6 +36,7 @@ from recbole_freq.jobs.tune.hyper import (
 from recbole_freq.jobs.tune.report import TrialsFailedError, rank_trials
 from recbole_freq.jobs.tune.search import (
     SEARCHES,
+    SearchNotStarted,
     SearchOptions,
     default_search_name,
     tune_model,
@@ -47,6 +48,7 @@ __all__ = [
     "SEARCHES",
     "HyperFileError",
     "HyperParam",
+    "SearchNotStarted",
     "SearchOptions",
     "TrialsFailedError",
     "TuneSetupError",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from recbole_freq.config.configurator import check_name_component
 from recbole_freq.config.settings import range_problem, type_problem
-from recbole_freq.jobs.ray_cluster import check_resources, import_ray, start_or_join
+from recbole_freq.jobs.ray_cluster import check_resources, import_ray, shutdown, start_or_join
 from recbole_freq.jobs.tune.hyper import distinct_combinations, grid_size, parse_hyper_file
 from recbole_freq.jobs.tune.report import finished_trials, rank_trials, write_outputs
 from recbole_freq.jobs.tune.trial import run_trial
@@ -271,10 +271,16 @@ def tune_model(
     shared = _shared_dataset(config, space)
     rounds = config["epochs"] // config["eval_step"]
     asha = None if options.asha_grace_period is None else (rounds, options.grace_period)
-    results, interrupted = _run_on_ray(
-        ray, job, shared, searcher, mode, asha, (storage, name, experiment_dir, spec, resume),
-        options, verbose,
-    )  # fmt: skip
+    existed = experiment_dir.exists()
+    try:
+        results, interrupted = _run_on_ray(
+            ray, job, shared, searcher, mode, asha, (storage, name, experiment_dir, spec, resume),
+            options, verbose,
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        if resume or _holds_ray_state(experiment_dir):
+            raise
+        raise _nothing_started(experiment_dir, existed) from None
     if interrupted:
         raise _interrupted(results, experiment_dir)
     summary = dict(
@@ -285,6 +291,48 @@ def tune_model(
         ),
     )  # fmt: skip
     return write_outputs(summary, experiment_dir, list(space), job, config_dict, cmd_overrides)
+
+
+class SearchNotStarted(KeyboardInterrupt):
+    """Interrupted before Ray saved the search's first state: there is nothing to resume.
+    ``restartable``: nothing was kept, so the same command starts it again."""
+
+    def __init__(self, message: str, restartable: bool):
+        super().__init__(message)
+        self.restartable = restartable
+
+
+def _holds_ray_state(experiment_dir: Path) -> bool:
+    from ray.tune.execution.tune_controller import TuneController
+
+    return next(experiment_dir.glob(TuneController.CKPT_FILE_TMPL.format("*")), None) is not None
+
+
+def _nothing_started(experiment_dir: Path, existed: bool) -> SearchNotStarted:
+    """The interrupt of a new search stopped before Ray saved any state (while Ray
+    started, most often): ``--resume`` would answer "nothing to resume", so what this
+    call wrote is removed (a trial's result excepted: then another --name is needed) and
+    the same command is what continues."""
+    import shutil
+
+    results = [p for p in experiment_dir.glob("**/result.json") if p.stat().st_size]
+    if results:
+        return SearchNotStarted(
+            f"the search stopped before Ray saved its state, so it cannot be resumed; "
+            f"{experiment_dir} keeps what its trials wrote. Start it again under another "
+            "--name",
+            restartable=False,
+        )
+    if not existed:
+        shutil.rmtree(experiment_dir, ignore_errors=True)
+    else:
+        for written in (SPEC_FILE, RAY_LOG_FILE):
+            (experiment_dir / written).unlink(missing_ok=True)
+    return SearchNotStarted(
+        "the search stopped before Ray saved its state: nothing of it was kept and there is "
+        "nothing to resume",
+        restartable=True,
+    )
 
 
 def _interrupted(results, experiment_dir):
@@ -443,7 +491,7 @@ def _run_on_ray(ray, job, shared, searcher, mode, asha, experiment, options, ver
         return _fit(trainable, searcher, ("valid_score", mode), scheduler, experiment, verbose)
     finally:
         if started:
-            ray.shutdown()
+            shutdown(ray)
 
 
 def _test_stopped_trials(results) -> dict[str, dict]:
