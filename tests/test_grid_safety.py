@@ -108,6 +108,8 @@ def test_an_interrupted_grid_run_advises_the_grid_command_not_resume(tmp_path):
     state.write_bytes(b"state")
     assert comparison_folder_of(state) == tmp_path / "out"
     assert comparison_folder_of(tmp_path / "saved" / "BSARec-Nov-28.resume.pth") is None
+    (tmp_path / "p").symlink_to(state.parent, target_is_directory=True)  # a linked partial/
+    assert comparison_folder_of(tmp_path / "p" / state.name) == (tmp_path / "out").resolve()
 
     class Stopped:
         current_epoch = 3

@@ -48,9 +48,11 @@ def comparison_folder_of(resume_file: str | os.PathLike) -> Path | None:
     keep their states as ``<out>/partial/<entry>-seed<N>.resume.pth``), or None."""
     import re
 
-    path = Path(os.path.abspath(resume_file))
-    if path.parent.name == "partial" and re.search(r"-seed-?\d+\.resume\.pth$", path.name):
-        return path.parent.parent
+    # Also where a linked folder leads: ``ln -s <out>/partial p; --resume p/...`` is the
+    # comparison's state all the same.
+    for path in (Path(os.path.abspath(resume_file)), Path(os.path.realpath(resume_file))):
+        if path.parent.name == "partial" and re.search(r"-seed-?\d+\.resume\.pth$", path.name):
+            return path.parent.parent
     return None
 
 
