@@ -19,4 +19,6 @@ except KeyboardInterrupt:
     sys.exit(143 if terminated else 130)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from recbole_freq.utils.signals import run_to_exit
+
+    sys.exit(run_to_exit(main))

@@ -3,6 +3,7 @@
 import sys
 
 from recbole_freq.cli import main
+from recbole_freq.utils.signals import run_to_exit
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_to_exit(main))

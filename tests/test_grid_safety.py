@@ -534,3 +534,35 @@ def test_an_out_name_too_long_is_a_usage_error_everywhere(small_config, tmp_path
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "too long" in err[0]
+
+
+LATE_SIGNAL = """
+import atexit, os, runpy, signal, sys, time
+sys.argv = ["run_recbole_freq.py", "--model=SASRec", "--help"]
+
+
+def late():  # while the interpreter shuts down, after the job's result was printed
+    os.kill(os.getpid(), signal.{name})
+    time.sleep(0.5)
+
+
+atexit.register(late)
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_while_the_interpreter_exits_keeps_the_jobs_exit_code(tmp_path, name):
+    """Issue 71, case 11: a signal after the job had finished printed a traceback or
+    turned its exit code into 130."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = str(Path(__file__).resolve().parent.parent / "run_recbole_freq.py")
+    done = subprocess.run(
+        [sys.executable, "-c", LATE_SIGNAL.format(name=name, script=script)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "usage" in done.stdout.lower() and done.stderr == ""

@@ -80,3 +80,35 @@ def restore_handlers(previous: dict) -> None:
     for signum, handler in previous.items():
         if handler is not None:  # None: installed outside Python, cannot be put back
             signal.signal(signum, handler)
+
+
+def run_to_exit(main) -> int:
+    """``main()``'s exit code (a ``SystemExit`` it raises, ``--help``'s, included), for
+    ``sys.exit``; once it is known, Ctrl-C or SIGTERM (while the interpreter shuts down:
+    Ray's, torch's and the loggers' clean-up) ends the process at once with that code.
+    The job's files are written and its result reported: an interrupt there printed a
+    traceback ("Exception ignored in atexit callback") or turned a finished job's 0 into
+    130."""
+    import threading
+
+    try:
+        code = main()
+    except SystemExit as exit_:
+        code = exit_.code
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)  # as sys.exit(message) does
+        code = 1
+    code = code or 0
+
+    def at_once(signum, frame):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 (a closed stream: nothing to flush)
+                pass
+        os._exit(code)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, at_once)
+        signal.signal(signal.SIGTERM, at_once)
+    return code
