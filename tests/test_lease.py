@@ -1,0 +1,137 @@
+"""The lease script (benchmarks/lease.py) tried as a lease on this CPU: it stops the
+queue's runs at the lease's end with their resume states, packs what changed within what
+a lent machine gives back, ``bring_back`` writes it into the checkout, and the next lease
+continues the runs from those states."""
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recbole_freq.quick_start.resume import load_resume_state
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "lease.py"
+spec = importlib.util.spec_from_file_location("lease", SCRIPT)
+lease = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(lease)
+
+FOLDER = "benchmarks/results/dry"
+
+
+def make_checkout(root: Path) -> None:
+    (root / FOLDER).mkdir(parents=True)
+    queue = {
+        "items": [
+            {
+                "name": "dry",
+                "folder": FOLDER,
+                "fills": "nothing: a dry lease",
+                "compare": ["SASRec", "--dataset=tiny", "--seeds", "1"],
+            }
+        ]
+    }
+    (root / "benchmarks" / "lease_queue.json").write_text(json.dumps(queue))
+
+
+def lease_run(root, out, small_config, tmp_path):
+    settings = {
+        key: value
+        for key, value in small_config.items()
+        if key not in ("data_path", "checkpoint_dir", "seed", "show_progress")
+    }
+    settings.update(epochs=2000, stopping_step=2000)  # never finished within a lease
+    argv = [sys.executable, str(SCRIPT), "--root", str(root), "run", "--minutes", "0.4"]
+    argv += ["--data_path", small_config["data_path"], "--out", str(out), "--suite", "no"]
+    argv += ["--reserve", "4", "--grace", "20", "--least_seconds", "3"]
+    argv += ["--checkpoint_dir", str(tmp_path / "saved")]
+    argv += [f"--{key}={value}" for key, value in settings.items()]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_a_dry_lease_stops_brings_back_and_the_next_one_continues(small_config, tmp_path):
+    lent, home = tmp_path / "lent", tmp_path / "home"
+    make_checkout(lent)
+    shutil.copytree(lent, home)
+    state_name = "SASRec-seed1.resume.pth"
+
+    printed = lease_run(lent, tmp_path / "out1", small_config, tmp_path)
+    assert (
+        "| dry | nothing: a dry lease | 0 -> 0 of 1 | 1 | stopped at the lease's end |" in printed
+    )
+    out = tmp_path / "out1"
+    manifest = json.loads((out / lease.MANIFEST).read_text())
+    assert f"{FOLDER}/partial/{state_name}" in manifest["files"] and not manifest["left_out"]
+    back = sorted(p.name for p in out.iterdir())
+    assert len(back) <= lease.FILES_BACK and all(
+        p.stat().st_size <= lease.FILE_BYTES for p in out.iterdir()
+    )
+    assert back[:2] == ["lease-files.tar.000", "lease-manifest.json"]
+
+    assert lease.main(["--root", str(home), "bring_back", str(out)]) == 0
+    first = load_resume_state(home / FOLDER / "partial" / state_name)
+    assert (home / FOLDER / "partial" / state_name).read_bytes() == (
+        lent / FOLDER / "partial" / state_name
+    ).read_bytes()
+    assert (home / FOLDER / "unfinished.md").is_file()
+    assert first["next_epoch"] >= 1
+
+    lease_run(home, tmp_path / "out2", small_config, tmp_path)
+    log = (home / FOLDER / "lease.log").read_text()
+    assert f"continues at epoch {first['next_epoch']}," in log
+    second = load_resume_state(home / FOLDER / "partial" / state_name)
+    assert second["next_epoch"] > first["next_epoch"]
+    assert second["history"][: len(first["history"])] == first["history"]
+
+
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ({"compare": ["SASRec", "--seeds", "1", "--out", "x"]}, "--out is the lease's to set"),
+        ({"folder": "../elsewhere"}, "folder must be a folder under benchmarks/results/"),
+        ({"compare": ["SASRec", "--dataset=tiny"]}, "--seeds as a comma list"),
+    ],
+)
+def test_a_queue_item_the_lease_cannot_run_is_one_line(tmp_path, capsys, item, message):
+    make_checkout(tmp_path)
+    queue = json.loads((tmp_path / "benchmarks" / "lease_queue.json").read_text())
+    queue["items"][0].update(item)
+    (tmp_path / "benchmarks" / "lease_queue.json").write_text(json.dumps(queue))
+    assert lease.main(["--root", str(tmp_path), "status"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_the_repositorys_queue_is_valid():
+    items = lease.load_queue(lease.ROOT)
+    assert items[0]["name"] == "polyrec-readings-beauty"
+
+
+def test_bring_back_refuses_an_archive_that_writes_outside_the_results(tmp_path):
+    import hashlib
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        data = b"x"
+        member = tarfile.TarInfo("benchmarks/results/../../evil.txt")
+        member.size = len(data)
+        archive.addfile(member, io.BytesIO(data))
+    part = buffer.getvalue()
+    (tmp_path / "back").mkdir()
+    (tmp_path / "back" / "lease-files.tar.000").write_bytes(part)
+    manifest = {
+        "parts": [{"name": "lease-files.tar.000", "sha256": hashlib.sha256(part).hexdigest()}],
+        "files": ["benchmarks/results/../../evil.txt"],
+        "removed": [],
+    }
+    (tmp_path / "back" / lease.MANIFEST).write_text(json.dumps(manifest))
+    (tmp_path / "home").mkdir()
+    assert lease.main(["--root", str(tmp_path / "home"), "bring_back", str(tmp_path / "back")]) == 2
+    assert not (tmp_path / "evil.txt").exists()
