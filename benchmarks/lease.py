@@ -464,7 +464,7 @@ def travelling_bytes(root: Path) -> int:
 def prepare(args) -> int:
     root = Path(args.root).resolve()
     items = load_queue(root, args.queue)
-    limit = TREE_BYTES - DATA_ROOM
+    limit = int(args.tree_mib * 2**20) - DATA_ROOM
     size = travelling_bytes(root)
     held = []
     for item in reversed(items):  # the lowest priority first
@@ -542,7 +542,8 @@ def main(argv=None) -> int:
     lease.add_argument("--python", default=None, help="the Python of the runs (default: this one)")
     back = commands.add_parser("bring_back", help="write a lease's files into this checkout")
     back.add_argument("files_at", help="the folder the lease's OUT files were copied to")
-    commands.add_parser("prepare", help="hold back resume states until the tree travels")
+    held = commands.add_parser("prepare", help="hold back resume states until the tree travels")
+    held.add_argument("--tree_mib", type=float, default=TREE_BYTES / 2**20, help="the tree's limit")
     commands.add_parser("status", help="the queue's progress")
     # Anything else (--epochs=3 ...) is a --compare setting given to every item.
     args, args.extra = parser.parse_known_args(argv)

@@ -135,3 +135,25 @@ def test_bring_back_refuses_an_archive_that_writes_outside_the_results(tmp_path)
     (tmp_path / "home").mkdir()
     assert lease.main(["--root", str(tmp_path / "home"), "bring_back", str(tmp_path / "back")]) == 2
     assert not (tmp_path / "evil.txt").exists()
+
+
+def test_prepare_holds_back_the_lowest_priority_states_and_bring_back_returns_them(tmp_path):
+    root = tmp_path / "checkout"
+    make_checkout(root)
+    queue = json.loads((root / "benchmarks" / "lease_queue.json").read_text())
+    first = dict(queue["items"][0], name="first", folder="benchmarks/results/first")
+    queue["items"].insert(0, first)
+    (root / "benchmarks" / "lease_queue.json").write_text(json.dumps(queue))
+    states = {}
+    for folder in ("first", "dry"):
+        state = root / "benchmarks" / "results" / folder / "partial" / "SASRec-seed1.resume.pth"
+        state.parent.mkdir(parents=True)
+        state.write_bytes(folder.encode() * 2**20)  # 3-5 MiB
+        states[folder] = state
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    # 8 MiB stay free for the data: a 14-MiB limit holds the first item's state alone.
+    assert lease.main(["--root", str(root), "prepare", "--tree_mib", "14"]) == 0
+    assert states["first"].is_file() and not states["dry"].exists()
+    assert json.loads((root / lease.HELD_LIST).read_text()) == {"items": ["dry"]}
+    assert lease.restore_held(root) == 1
+    assert states["dry"].read_bytes() == b"dry" * 2**20 and not (root / lease.HELD_LIST).exists()
