@@ -66,6 +66,9 @@ TREE_BYTES = 64 * 2**20
 # Room left in the tree for the prepared data that travels with it (Beauty: 3.2 MB).
 DATA_ROOM = 8 * 2**20
 
+# Seconds kept at the lease's end to pack what changed (a few 14-MB states).
+PACK_SECONDS = 10
+
 MANIFEST = "lease-manifest.json"
 STATUS = "lease-status.md"
 PART = "lease-files.tar.{:03d}"
@@ -261,8 +264,8 @@ def run_queue(root: Path, items: list[dict], args, deadline: float, log) -> dict
                         process.returncode, f"exit {process.returncode} (see its lease.log)"
                     )
                     log(f"end {name}: {outcome[name]}")
-            if time.monotonic() > stop_at + args.grace:
-                break
+            if time.monotonic() > deadline - args.grace - PACK_SECONDS:
+                break  # a run still going now could not stop and be packed in time
     finally:
         for process, _ in running.values():  # past the lease's end: SIGTERM
             process.send_signal(signal.SIGTERM)
@@ -536,8 +539,17 @@ def main(argv=None) -> int:
         "--parallel", default="1", help="runs each item packs (--compare --parallel)"
     )
     lease.add_argument("--threads_per_run", type=int, default=1)
-    lease.add_argument("--reserve", type=float, default=45.0, help="seconds kept for packing")
-    lease.add_argument("--grace", type=float, default=20.0, help="seconds a run gets to stop")
+    lease.add_argument(
+        "--reserve",
+        type=float,
+        default=45.0,
+        help="--time_limit is the lease less this: runs stop by themselves before the SIGTERM",
+    )
+    lease.add_argument(
+        "--grace", type=float, default=20.0,
+        help="seconds a run gets to stop after SIGTERM, sent this long before the lease ends "
+        f"(and {PACK_SECONDS} s more, for packing)",
+    )  # fmt: skip
     lease.add_argument("--least_seconds", type=int, default=10, help="no item starts with less")
     lease.add_argument("--python", default=None, help="the Python of the runs (default: this one)")
     back = commands.add_parser("bring_back", help="write a lease's files into this checkout")
