@@ -143,7 +143,10 @@ def test_a_stored_run_of_another_layout_is_named_when_skipped(tmp_path):
         "protocol": {"label": "bsarec+sequence_layout=right"},
         "test_result": {"hit@10": 0.1},
     }
+    from recbole_freq.jobs.compare.runs import record_digest
+
     record = {"settings": {}, "summary": summary}
+    record["digest"] = record_digest(record)
     (runs / "BSARec-seed42.json").write_text(json.dumps(record))
     label = {"BSARec": "bsarec+sequence_layout=right"}
     assert stored_label_differences(tmp_path, ["BSARec"], [42], label) == []

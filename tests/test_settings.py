@@ -548,7 +548,10 @@ def test_load_col_without_the_item_column_is_one_line(small_config, capsys):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"model": None}, "model must be a model name such as 'BSARec' or 'SASRec', got None"),
+        (
+            {"model": None},
+            "model must be a model name such as 'BSARec' or 'SASRec', package.module:Class, or a model class, got None",
+        ),
         ({"model": 123}, "got 123"),
         ({"config_files": "small.yaml"}, "config_files must be a list of yaml file paths"),
         ({"config_dict": [("epochs", 1)]}, "config_dict must be a dict of settings"),

@@ -61,12 +61,102 @@ def _recbole_has_model(name: str) -> bool:
     return False
 
 
+# A researcher's own models, by class name, once named as ``package.module:Class`` (or
+# passed as a class to the Python API) in this process: runs, checkpoints and tables name
+# a model by its class name, as they do the plugin's and RecBole's.
+USER_MODELS: dict[str, type] = {}
+
+
+def is_user_model(model_class: type) -> bool:
+    """A model class that is neither the plugin's nor RecBole's (a researcher's own)."""
+    from recbole.model.abstract_recommender import AbstractRecommender
+
+    return (
+        issubclass(model_class, AbstractRecommender)
+        and model_class is not AbstractRecommender
+        and not model_class.__module__.startswith(("recbole.", "recbole_freq."))
+    )
+
+
+def user_model_path(model_class: type) -> str:
+    """``package.module:Class``, how ``--model`` names a researcher's own class."""
+    return f"{model_class.__module__}:{model_class.__qualname__}"
+
+
+def import_user_model(path: str) -> type:
+    """The class ``package.module:Class`` names, imported from ``PYTHONPATH`` (the
+    current folder last: it never shadows an installed package), registered by its
+    class name (``USER_MODELS``); ``UnknownModelError`` in one line otherwise.  Importing
+    runs the module's code: only a module named on the command line or in the Python
+    call is imported, never one a file names."""
+    import importlib
+    import re
+
+    module_name, _, class_name = path.partition(":")
+    if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", module_name) or not re.fullmatch(
+        r"[A-Za-z_]\w*", class_name
+    ):
+        raise UnknownModelError(
+            f"model {path!r}: name your own model as package.module:Class (e.g. "
+            "mymodels.lowpass:LowPassSASRec)"
+        )
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # noqa: BLE001 (any failure of the user's module: one line)
+        raise UnknownModelError(
+            f"model {path!r}: cannot import {module_name} ({type(error).__name__}: {error}); "
+            "is its folder on PYTHONPATH or the current folder?"
+        ) from None
+    model_class = getattr(module, class_name, None)
+    if model_class is None:
+        raise UnknownModelError(f"model {path!r}: {module_name} has no {class_name}")
+    return register_user_model(model_class, path)
+
+
+def register_user_model(model_class, path: str | None = None) -> type:
+    """Register a researcher's own sequential recommender under its class name."""
+    from recbole.model.abstract_recommender import SequentialRecommender
+
+    path = path or user_model_path(model_class)
+    if not (isinstance(model_class, type) and issubclass(model_class, SequentialRecommender)):
+        raise UnknownModelError(
+            f"model {path!r} is not a sequential recommender: subclass RecBole's "
+            "SequentialRecommender, or the plugin's TransformerRecommender (docs/models.md, "
+            "'Your own model')"
+        )
+    name = model_class.__name__
+    if name in MODELS or _recbole_has_model(name):
+        raise UnknownModelError(
+            f"model {path!r} is named like the {'plugin' if name in MODELS else 'RecBole'} "
+            f"model {name}: runs, checkpoints and tables name a model by its class name, so "
+            "give your class another name"
+        )
+    known = USER_MODELS.get(name)
+    if known is not None and known is not model_class and user_model_path(known) != path:
+        raise UnknownModelError(
+            f"model {path!r}: {user_model_path(known)} is already the model {name}; give "
+            "one of the classes another name"
+        )
+    USER_MODELS[name] = model_class
+    return model_class
+
+
 def get_model_class(name):
-    """Plugin model class by name, else RecBole's built-in of that name."""
+    """Plugin model class by name, else a researcher's own registered one
+    (``package.module:Class`` imports and registers it), else RecBole's built-in of that
+    name."""
     if not isinstance(name, str):
+        if isinstance(name, type) and is_user_model(name):
+            return register_user_model(name)
         return name
     if name in MODELS:
         return MODELS[name]
+    if ":" in name:
+        return import_user_model(name)
+    if name in USER_MODELS:
+        return USER_MODELS[name]
     if _recbole_has_model(name):
         from recbole.utils import get_model
 
@@ -81,20 +171,45 @@ def get_model_class(name):
     )
 
 
+def user_property_file(model_class: type) -> Path | None:
+    """A researcher's own model's defaults: ``<Class>.yaml`` beside its module."""
+    import inspect
+
+    try:
+        source = inspect.getsourcefile(model_class)
+    except TypeError:  # defined outside any file (an interactive session)
+        return None
+    path = Path(source).parent / f"{model_class.__name__}.yaml" if source else None
+    return path if path is not None and path.is_file() else None
+
+
 def property_files(
-    model_name: str, dataset: str | None, paper: bool = False, variant: str | None = None
+    model, dataset: str | None, paper: bool = False, variant: str | None = None
 ) -> list[str]:
-    """Plugin property files that apply to this model and dataset, lowest priority first:
-    ``overall.yaml``, those of the model's plugin base classes (``TransformerRecommender``:
-    the shared core's settings), the model's own, the dataset's; ``variant``: a named row
-    of a paper's table (``variant_file``), after the paper file."""
+    """Plugin property files that apply to this model (a name or class) and dataset,
+    lowest priority first: ``overall.yaml``, those of the model's plugin base classes
+    (``TransformerRecommender``: the shared core's settings), the model's own (for a
+    researcher's own model, ``<Class>.yaml`` beside its module), the dataset's;
+    ``variant``: a named row of a paper's table (``variant_file``), after the paper file."""
     root = properties_dir()
+    model_class = get_model_class(model)
+    model_name = model_class.__name__
     bases = [
         root / "model" / f"{klass.__name__}.yaml"
-        for klass in reversed(get_model_class(model_name).__mro__[1:])
         if klass.__module__.startswith("recbole_freq.")
+        else user_property_file(klass) or root / "none"
+        for klass in reversed(model_class.__mro__[1:])
+        if klass.__module__.startswith("recbole_freq.") or is_user_model(klass)
     ]
-    candidates = [root / "overall.yaml", *bases, root / "model" / f"{model_name}.yaml"]
+    own = user_property_file(model_class) if is_user_model(model_class) else None
+    if is_user_model(model_class) and any(
+        k.__name__ == "TransformerRecommender" for k in model_class.__mro__
+    ):
+        bases.insert(
+            bases.index(root / "model" / "TransformerRecommender.yaml") + 1,
+            root / "model" / "core_sizes.yaml",
+        )
+    candidates = [root / "overall.yaml", *bases, own or root / "model" / f"{model_name}.yaml"]
     if dataset:
         candidates.append(root / "dataset" / f"{dataset}.yaml")
     files = [str(path) for path in candidates if path.is_file()]
@@ -195,7 +310,10 @@ def check_api_arguments(model, dataset, config_files, config_dict, cmd_overrides
         isinstance(model, str)
         or (isinstance(model, type) and issubclass(model, AbstractRecommender))
     ):
-        raise ValueError(f"model must be a model name such as 'BSARec' or 'SASRec', got {model!r}")
+        raise ValueError(
+            "model must be a model name such as 'BSARec' or 'SASRec', package.module:Class, "
+            f"or a model class, got {model!r}"
+        )
     if dataset is not None and not isinstance(dataset, str):
         raise ValueError(f"dataset must be a dataset name such as 'lastfm', got {dataset!r}")
     if config_files is not None and (
@@ -292,7 +410,7 @@ class FreqConfig(Config):
         user_files = [str(find_config_file(path)) for path in config_file_list or []]
         given_dict = dict(config_dict or {})
         variant = chosen_setting("variant", user_files, given_dict, self._cmd_overrides)
-        files = property_files(model_class.__name__, dataset, paper, variant)
+        files = property_files(model_class, dataset, paper, variant)
         protocol = chosen_protocol(files + user_files, given_dict, self._cmd_overrides)
         files.insert(1, protocol_file(protocol))
         self._property_file_count = len(files)

@@ -113,18 +113,28 @@ def keys_by_model() -> dict[str, frozenset[str]]:
     return {name: frozenset(keys) for name, keys in found.items()}
 
 
+def _on_the_core(model_class: type) -> bool:
+    """A model built on the plugin's core: the plugin's, or a researcher's own subclass."""
+    return any(
+        klass.__module__.startswith("recbole_freq.") for klass in inspect.getmro(model_class)
+    )
+
+
 @functools.cache
 def _keys_in_source(model_class: type) -> frozenset[str]:
+    """Keys the source of ``model_class`` and of its bases reads: RecBole's, the plugin's
+    and a researcher's own modules alike (judged by what they read, not where they
+    live); Python's and torch's own classes are not read."""
     keys = set()
     for klass in inspect.getmro(model_class):
         module = inspect.getmodule(klass)
-        if module is None or not module.__name__.startswith(("recbole.", "recbole_freq.")):
+        if module is None or module.__name__.split(".")[0] in ("builtins", "torch", "typing"):
             continue
         try:
             keys |= _keys_read_in(inspect.getsource(module))
         except (OSError, TypeError):
             continue
-    if model_class.__module__.startswith("recbole_freq."):
+    if _on_the_core(model_class):
         from recbole_freq.model import (
             denoising,
             encoder,
@@ -154,7 +164,12 @@ def model_keys(model_class: type) -> frozenset[str]:
     """Keys ``model_class`` reads: its property files, its and its bases' source, and for
     plugin models every encoder component registered now."""
     keys = set(keys_by_model().get(model_class.__name__, ())) | _keys_in_source(model_class)
-    if model_class.__module__.startswith("recbole_freq."):
+    from recbole_freq.config.configurator import is_user_model, user_property_file
+
+    own = user_property_file(model_class) if is_user_model(model_class) else None
+    if own is not None:
+        keys |= set(_yaml_mapping(own))
+    if _on_the_core(model_class):
         from recbole_freq.model import encoder
 
         for registry in (encoder.ATTENTION_OPERATORS, encoder.RESIDUAL_PATHS):

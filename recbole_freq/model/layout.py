@@ -98,13 +98,33 @@ def builtin_class(model_class, config):
     ):
         return model_class
     name = model_class.__name__
-    reads = LEFT_LAYOUT_BUILTINS.get(name)
-    if layout == "left" and (reads is None or not model_class.__module__.startswith("recbole.")):
+    builtin = model_class.__module__.startswith("recbole.")
+    # A researcher's own RecBole-style model says how its forward reads a row, as each
+    # built-in's entry here was read from RecBole's source.
+    reads = (
+        LEFT_LAYOUT_BUILTINS.get(name)
+        if builtin
+        else getattr(model_class, "left_layout_reads", None)
+    )
+    if not builtin and reads not in (None, "lengths", "sequence"):
+        raise SequenceLayoutError(
+            f"{name}.left_layout_reads is {reads!r}: give 'lengths' (forward(item_seq, "
+            "item_seq_len) reads item_seq_len only in gather_indexes(output, item_seq_len - 1)) "
+            "or 'sequence' (forward reads the whole row, no length)"
+        )
+    if layout == "left" and reads is None and builtin:
         supported = ", ".join(sorted(LEFT_LAYOUT_BUILTINS))
         raise SequenceLayoutError(
             f"sequence_layout=left is not available for {name}: it uses item_seq_len for more "
             f"than reading the last position (RecBole built-ins with left: {supported}, and "
             "every plugin model); set sequence_layout=right"
+        )
+    if layout == "left" and reads is None:
+        raise SequenceLayoutError(
+            f"sequence_layout=left needs {name} to say how its forward reads a row: set the "
+            "class attribute left_layout_reads = 'lengths' if it reads item_seq_len only in "
+            "gather_indexes(output, item_seq_len - 1), 'sequence' if it reads the whole row "
+            "and no length; else set sequence_layout=right"
         )
     if layout == "left" and reads == "masked" and config["train_loss"] != "masked_next":
         raise SequenceLayoutError(

@@ -462,9 +462,12 @@ def checked_request(comparison: Comparison, metrics) -> Comparison:
         check_loss_variant(model, comparison.protocols)
     if comparison.baselines is None:
         names = {model: split_entry(model)[0] for model in models}
+        # RecBole's built-ins and the plugin's baselines; a researcher's own model
+        # (package.module:Class) is compared against them, as the plugin's are.
         comparison.baselines = [
-            m for m in models if names[m] not in MODELS or names[m] in BASELINES
-        ]
+            m for m in models
+            if (names[m] not in MODELS and ":" not in names[m]) or names[m] in BASELINES
+        ]  # fmt: skip
     else:
         comparison.baselines = _parse_list(comparison.baselines, "--baselines")
         unknown = [model for model in comparison.baselines if model not in models]

@@ -206,7 +206,8 @@ def _identity_problem(record: dict, entry, seed, dataset) -> str | None:
         "model": (record.get("model"), entry),
         "seed": (record.get("seed"), seed),
         "seed of its summary": (summary.get("seed"), seed),
-        "model of its summary": (summary.get("model"), split_entry(entry)[0]),
+        # A researcher's own package.module:Class is recorded by its class name.
+        "model of its summary": (summary.get("model"), split_entry(entry)[0].rpartition(":")[2]),
         "dataset": (summary.get("dataset"), dataset),
     }
     for what, (found, wanted) in recorded.items():

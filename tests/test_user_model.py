@@ -1,0 +1,112 @@
+"""A researcher's own model beside the plugin's, from their own module (issue 69): named
+``package.module:Class`` on the command line or passed as a class to ``run``, its
+defaults read from ``<Class>.yaml`` beside its module, its settings judged by what its
+source reads, its layout by what it declares; the tiny models in ``tests/user_models/``
+(outside the package) train, and compare beside SASRec."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_grid import cli_args, overrides_of
+
+from conftest import without_transformer_settings
+from recbole_freq.cli import main
+from recbole_freq.config.configurator import USER_MODELS
+from recbole_freq.quick_start import run
+
+LOWPASS = "user_models.lowpass:LowPassSASRec"
+LAST_ITEM = "user_models.last_item:LastItemLinear"
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(autouse=True)
+def _forget_user_models():
+    yield
+    USER_MODELS.clear()
+
+
+def test_a_model_on_the_core_from_its_own_module_trains_with_its_own_defaults(small_config):
+    summary = run(LOWPASS, "tiny", config_dict=dict(small_config, epochs=1))
+    assert summary["model"] == "LowPassSASRec"
+    assert summary["config"]["lp_alpha"] == 0.3 and summary["config"]["lp_keep"] == 4
+    # the core's sizes come from TransformerRecommender.yaml, the user's over them
+    assert summary["config"]["hidden_size"] == small_config["hidden_size"]
+    assert 0 <= summary["test_result"]["ndcg@10"] <= 1
+
+    from user_models.lowpass import LowPassSASRec
+
+    again = run(LowPassSASRec, "tiny", config_dict=dict(small_config, epochs=1, lp_alpha=0.5))
+    assert again["config"]["lp_alpha"] == 0.5 and again["model"] == "LowPassSASRec"
+
+
+def test_the_command_line_reads_the_users_keys_and_refuses_a_typo(small_config, capsys):
+    args = ["--model=" + LOWPASS, "--dataset=tiny", *cli_args(dict(small_config, epochs=1))]
+    assert main([*args, "--lp_alfa=0.5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "lp_alfa" in err[0]
+    assert main([*args, "--lp_keep=2"]) == 0
+
+
+def test_a_recbole_style_model_runs_in_either_layout_when_it_declares_how_it_reads_rows(
+    small_config, capsys
+):
+    config = without_transformer_settings(dict(small_config, epochs=1))
+    config.pop("hidden_size")  # its size is embedding_size (LastItemLinear.yaml)
+    for layout in ("right", "left"):
+        summary = run(LAST_ITEM, "tiny", config_dict=dict(config, sequence_layout=layout))
+        assert summary["model"] == "LastItemLinear"
+    args = ["--model=user_models.last_item:Undeclared", "--dataset=tiny", *cli_args(config)]
+    assert main([*args, "--sequence_layout=left"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "left_layout_reads = 'lengths'" in err[0]
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ("nosuch.module:Model", "cannot import nosuch.module"),
+        ("user_models.lowpass:Missing", "user_models.lowpass has no Missing"),
+        ("user_models.lowpass:torch", "is not a sequential recommender"),
+        ("user_models.lowpass:", "name your own model as package.module:Class"),
+    ],
+)
+def test_a_model_that_cannot_be_loaded_is_one_line(small_config, capsys, model, message):
+    assert main([f"--model={model}", "--dataset=tiny", *cli_args(small_config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_a_class_named_like_a_known_model_is_refused(small_config, tmp_path, capsys, monkeypatch):
+    (tmp_path / "clash.py").write_text(
+        "from user_models.lowpass import LowPassSASRec\n\n\n"
+        "class SASRec(LowPassSASRec):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["--model=clash:SASRec", "--dataset=tiny", *cli_args(small_config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "named like the RecBole model SASRec" in err[0]
+
+
+def test_the_users_model_compares_beside_sasrec_in_packed_processes(small_config, tmp_path):
+    """The comparison's packed workers are fresh processes: they import the module the
+    command named (PYTHONPATH, as a user sets it)."""
+    out = tmp_path / "cmp"
+    argv = ["--compare", f"{LOWPASS},SASRec", "--dataset=tiny", "--seeds", "1", "--out", str(out)]
+    argv += ["--parallel", "2", "--threads_per_run", "1"]
+    argv += cli_args(overrides_of(small_config, epochs=1))
+    script = HERE.parent / "run_recbole_freq.py"
+    env = dict(os.environ, PYTHONPATH=str(HERE), OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, str(script), *argv], capture_output=True, text=True, env=env,
+        cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    stored = json.loads((out / "runs" / f"{LOWPASS}-seed1.json").read_text())
+    assert stored["summary"]["model"] == "LowPassSASRec"
+    table = (out / "comparison.md").read_text()
+    assert f"| {LOWPASS} |" in table and "SASRec (baseline)" in table
+    assert f"Improv. {LOWPASS}" in table
