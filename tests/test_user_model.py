@@ -110,3 +110,43 @@ def test_the_users_model_compares_beside_sasrec_in_packed_processes(small_config
     table = (out / "comparison.md").read_text()
     assert f"| {LOWPASS} |" in table and "SASRec (baseline)" in table
     assert f"Improv. {LOWPASS}" in table
+
+
+def test_reloading_the_users_model_needs_its_module_trusted(
+    small_config, tmp_path, capsys, monkeypatch
+):
+    """Its checkpoints and resume states name its class: loading imports its module, so
+    only with --trust_module (restore_model's trust_module); without it, one line says so."""
+    from test_resume import interrupt_at_epoch
+
+    from recbole_freq.quick_start.quick_start import RunInterrupted
+    from recbole_freq.quick_start.restore import restore_model
+
+    summary = run(LOWPASS, "tiny", config_dict=dict(small_config, epochs=1))
+    USER_MODELS.clear()  # a later process: nothing names the module yet
+    checkpoint = summary["checkpoint"]
+    assert main(["--recommend", checkpoint, "--users", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "give --trust_module user_models.lowpass" in err[0]
+    assert (
+        main(["--recommend", checkpoint, "--users", "1", "--trust_module", "user_models.other"])
+        == 2
+    )
+    capsys.readouterr()
+    assert (
+        main(["--recommend", checkpoint, "--users", "1", "--trust_module", "user_models.lowpass"])
+        == 0
+    )
+    USER_MODELS.clear()
+    model, *_ = restore_model(checkpoint, trust_module="user_models.lowpass")
+    assert type(model).__name__ == "LowPassSASRec"
+
+    interrupt_at_epoch(monkeypatch, 2)
+    with pytest.raises(RunInterrupted):
+        run(LOWPASS, "tiny", config_dict=dict(small_config, epochs=3))
+    monkeypatch.undo()
+    USER_MODELS.clear()
+    (state,) = Path(small_config["checkpoint_dir"]).glob("*.resume.pth")
+    assert main(["--resume", str(state)]) == 2
+    assert "--trust_module user_models.lowpass" in capsys.readouterr().err
+    assert main(["--resume", str(state), "--trust_module", "user_models.lowpass"]) == 0

@@ -128,7 +128,8 @@ def allowed_globals(names) -> dict[tuple[str, str], tuple[object, str]]:
             f"refusing to load: the checkpoint's pickle names {', '.join(refused)}, which a "
             "RecBole checkpoint never contains (only its Config, RecBole enums, torch "
             "devices, numpy scalars, tensors and a recommender class of recbole or "
-            "recbole_freq). It may run code when unpickled; nothing was loaded."
+            "recbole_freq, or of a module given to --trust_module). It may run code when "
+            "unpickled; nothing was loaded."
         )
     return allow
 

@@ -21,6 +21,7 @@ used.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 FORMAT_TAG = "__recbole_freq__"
@@ -309,6 +310,7 @@ def _tagged(value: dict, where: str):
     raise CheckpointError(
         f"{where}: its config names {value!r}, which is not one of RecBole's enums, its "
         "config loaders or a recommender class of recbole or recbole_freq"
+        + (untrusted_class_hint(value.get("module")) if kind == "class" else "")
     )
 
 
@@ -343,13 +345,47 @@ def to_plain_checkpoint(state: dict) -> dict:
     }
 
 
-# Where a checkpoint's model class may come from: installed recommender code only.
+# Where a checkpoint's model class may come from: installed recommender code only,
+# and the modules of a researcher's own models that the user named as trusted.
 MODEL_PACKAGES = ("recbole.model.", "recbole_freq.model.")
+_trusted_modules: frozenset[str] = frozenset()
+
+
+@contextlib.contextmanager
+def trusting_modules(modules):
+    """Within the block, a checkpoint, resume state or search state may name a model
+    class of one of ``modules`` (a researcher's own: ``--trust_module``), which loading
+    then imports, running its code: the user's consent, never a file's."""
+    global _trusted_modules
+    before = _trusted_modules
+    _trusted_modules = before | frozenset(module for module in modules or () if module)
+    try:
+        yield
+    finally:
+        _trusted_modules = before
+
+
+def untrusted_class_hint(module) -> str:
+    """What to do about a class of a module that is not RecBole's or the plugin's."""
+    if not isinstance(module, str) or module.startswith(MODEL_PACKAGES):
+        return ""
+    return (
+        f". If {module} is the module of your own model, loading it imports and runs that "
+        f"module: give --trust_module {module} (restore_model(..., trust_module={module!r})) "
+        "if you wrote it or trust it"
+    )
 
 
 def model_class(module: str, name: str):
-    """The recommender class ``module.name`` if it is one of RecBole's or the plugin's."""
-    if not module.startswith(MODEL_PACKAGES) or "." in name:
+    """The recommender class ``module.name`` if it is one of RecBole's or the plugin's,
+    or of a module trusted now (``trusting_modules``; registered as the user's model)."""
+    from recbole_freq.config.configurator import USER_MODELS
+
+    # A model the user named in this process (--model, --compare: package.module:Class)
+    # is trusted as its module was imported then.
+    named = {klass.__module__ for klass in USER_MODELS.values()}
+    trusted = module in _trusted_modules or module in named
+    if not (module.startswith(MODEL_PACKAGES) or trusted) or "." in name:
         return None
     try:
         candidate = getattr(importlib.import_module(module), name, None)
@@ -357,6 +393,10 @@ def model_class(module: str, name: str):
         return None
     from recbole.model.abstract_recommender import AbstractRecommender
 
-    if isinstance(candidate, type) and issubclass(candidate, AbstractRecommender):
-        return candidate
-    return None
+    if not (isinstance(candidate, type) and issubclass(candidate, AbstractRecommender)):
+        return None
+    if trusted and not module.startswith(MODEL_PACKAGES):
+        from recbole_freq.config.configurator import register_user_model
+
+        register_user_model(candidate, f"{module}:{name}")
+    return candidate

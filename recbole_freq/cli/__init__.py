@@ -17,6 +17,7 @@ from recbole_freq.cli.common import (
     name_too_long_error,
     report_error,
     report_interrupt,
+    trusted_modules,
 )
 from recbole_freq.utils.signals import catch_interrupts, restore_handlers
 
@@ -73,7 +74,10 @@ def main(argv=None) -> int:
         if flag and ("-h" in argv or "--help" in argv):
             job.build_parser().print_help()
             return 0
-        return job.cli(argv)
+        from recbole_freq.checkpoint.schema import trusting_modules
+
+        with trusting_modules(trusted_modules(argv)):
+            return job.cli(argv)
     except KeyboardInterrupt as interrupt:
         return report_interrupt(interrupt)
     except UsageError as error:

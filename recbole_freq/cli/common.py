@@ -89,6 +89,25 @@ def add_trust_data_option(parser: argparse.ArgumentParser, what: str) -> None:
         help=f"use a {what} that records no dataset fingerprint (e.g. one RecBole itself "
         "wrote) on the data found now; without it such a file is refused",
     )
+    parser.add_argument(
+        "--trust_module",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help=f"load a {what} of your own model, whose class is in MODULE (package.module): "
+        "loading imports and runs MODULE, so only one you wrote or trust (repeatable)",
+    )
+
+
+def trusted_modules(argv: list[str]) -> list[str]:
+    """The ``--trust_module`` values of ``argv`` (the entry point loads under them)."""
+    found = []
+    for index, arg in enumerate(argv):
+        if arg == "--trust_module" and index + 1 < len(argv):
+            found.append(argv[index + 1])
+        elif arg.startswith("--trust_module="):
+            found.append(arg.split("=", 1)[1])
+    return found
 
 
 def split_config_files(files):

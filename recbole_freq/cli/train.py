@@ -198,8 +198,9 @@ def cli(argv: list[str]) -> int:
                 )
             summary = resume_run(args.resume, trust_data=args.trust_data)
         else:
-            if args.trust_data:
-                raise UsageError("--trust_data goes with --resume (or --recommend, --evaluate)")
+            if args.trust_data or args.trust_module:
+                flag = "--trust_data" if args.trust_data else "--trust_module"
+                raise UsageError(f"{flag} goes with --resume (or --recommend, --evaluate)")
             summary = run(
                 model=args.model or DEFAULT_MODEL,
                 dataset=args.dataset or DEFAULT_DATASET,

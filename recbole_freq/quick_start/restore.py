@@ -42,7 +42,9 @@ def fill_core_defaults(config) -> list[str]:
     return missing
 
 
-def restore_model(path, data_path=None, device="cpu", adjust=None, trust_data=False):
+def restore_model(
+    path, data_path=None, device="cpu", adjust=None, trust_data=False, trust_module=None
+):
     """Rebuild a trained model and its data from a checkpoint, loaded safely.
 
     The dataset is rebuilt from the checkpoint's own config (same dataset name, filters,
@@ -58,16 +60,22 @@ def restore_model(path, data_path=None, device="cpu", adjust=None, trust_data=Fa
     The dataset must be the one the checkpoint records (``dataset_sha256``); a checkpoint
     that records none is refused unless ``trust_data``.
 
+    ``trust_module``: the module (or modules) of a researcher's own model that the
+    checkpoint may name; loading imports it, running its code, so only by consent.
+
     Returns ``(model, config, dataset, (train_data, valid_data, test_data), checkpoint)``;
     the model is in evaluation mode on ``device``.
     """
     from recbole.data import create_dataset
     from recbole.utils import init_seed
 
+    from recbole_freq.checkpoint.schema import trusting_modules
     from recbole_freq.quick_start.preflight import check_item_count
     from recbole_freq.quick_start.quick_start import load_splits, new_model
 
-    checkpoint = load_checkpoint(path)
+    modules = [trust_module] if isinstance(trust_module, str) else list(trust_module or [])
+    with trusting_modules(modules):
+        checkpoint = load_checkpoint(path)
     config = checkpoint["config"]
     drop_pickled_cache_settings(config, path)
     in_one_process(config)
