@@ -379,7 +379,7 @@ def untrusted_class_hint(module) -> str:
 def model_class(module: str, name: str):
     """The recommender class ``module.name`` if it is one of RecBole's or the plugin's,
     or of a module trusted now (``trusting_modules``; registered as the user's model)."""
-    from recbole_freq.config.configurator import USER_MODELS
+    from recbole_freq.config.user_models import USER_MODELS
 
     # A model the user named in this process (--model, --compare: package.module:Class)
     # is trusted as its module was imported then.

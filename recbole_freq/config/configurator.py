@@ -25,6 +25,12 @@ from recbole.config import Config
 from recbole.utils import ModelType
 
 from dataset_prep.registry import MAX_NAME_BYTES
+from recbole_freq.config.user_models import (
+    USER_MODELS,
+    is_user_model,
+    user_model_path,
+    user_property_file,
+)
 from recbole_freq.model import MODELS
 from recbole_freq.protocol import DEFAULT_PROTOCOL, protocol_file, protocol_settings
 from recbole_freq.utils.property_files import (
@@ -59,28 +65,6 @@ def _recbole_has_model(name: str) -> bool:
         if any(info.name == name.lower() for info in pkgutil.iter_modules(module.__path__)):
             return True
     return False
-
-
-# A researcher's own models, by class name, once named as ``package.module:Class`` (or
-# passed as a class to the Python API) in this process: runs, checkpoints and tables name
-# a model by its class name, as they do the plugin's and RecBole's.
-USER_MODELS: dict[str, type] = {}
-
-
-def is_user_model(model_class: type) -> bool:
-    """A model class that is neither the plugin's nor RecBole's (a researcher's own)."""
-    from recbole.model.abstract_recommender import AbstractRecommender
-
-    return (
-        issubclass(model_class, AbstractRecommender)
-        and model_class is not AbstractRecommender
-        and not model_class.__module__.startswith(("recbole.", "recbole_freq."))
-    )
-
-
-def user_model_path(model_class: type) -> str:
-    """``package.module:Class``, how ``--model`` names a researcher's own class."""
-    return f"{model_class.__module__}:{model_class.__qualname__}"
 
 
 def import_user_model(path: str) -> type:
@@ -169,18 +153,6 @@ def get_model_class(name):
         "RecBole built-in, e.g. SASRec, BERT4Rec, GRU4Rec, Caser, FEARec "
         "(names are case-sensitive)"
     )
-
-
-def user_property_file(model_class: type) -> Path | None:
-    """A researcher's own model's defaults: ``<Class>.yaml`` beside its module."""
-    import inspect
-
-    try:
-        source = inspect.getsourcefile(model_class)
-    except TypeError:  # defined outside any file (an interactive session)
-        return None
-    path = Path(source).parent / f"{model_class.__name__}.yaml" if source else None
-    return path if path is not None and path.is_file() else None
 
 
 def property_files(

@@ -164,7 +164,7 @@ def model_keys(model_class: type) -> frozenset[str]:
     """Keys ``model_class`` reads: its property files, its and its bases' source, and for
     plugin models every encoder component registered now."""
     keys = set(keys_by_model().get(model_class.__name__, ())) | _keys_in_source(model_class)
-    from recbole_freq.config.configurator import is_user_model, user_property_file
+    from recbole_freq.config.user_models import is_user_model, user_property_file
 
     own = user_property_file(model_class) if is_user_model(model_class) else None
     if own is not None:
