@@ -682,3 +682,20 @@ def test_status_lines_say_what_happened_to_each_trial():
     }
     (row,) = rank_trials([stopped_after(2, {"epochs": 2})], ["epochs"], "max", epochs=4)
     assert row["status"].startswith("ran its budget")
+
+
+@pytest.mark.parametrize("paper", [False, True])
+def test_best_yamls_train_it_line_keeps_the_searchs_paper_settings(tmp_path, paper):
+    """Issue 69: a search run with --paper wrote a "train it" line without --paper, which
+    trained under the recbole protocol and seed 2020 (NDCG@20 0.0187 against the
+    trial's 0.0281)."""
+    from recbole_freq.jobs.tune.report import write_outputs
+
+    row = {"rank": 1, "trial_id": "t1", "status": "completed", "alpha": 0.5,
+           "best_valid": 0.3, "best_epoch": 4, "test_ndcg@20": 0.28, "protocol": "bsarec"}  # fmt: skip
+    summary = {"model": "BSARec", "dataset": "lastfm", "metric": "NDCG@20", "mode": "max",
+               "trials": [row]}  # fmt: skip
+    job = {"config_files": [], "overrides": {}, "paper": paper}
+    write_outputs(summary, tmp_path, ["alpha"], job, {}, {})
+    line = next(x for x in (tmp_path / "best.yaml").read_text().splitlines() if "train it" in x)
+    assert ("--dataset=lastfm --paper --config_files" in line) == paper

@@ -172,11 +172,12 @@ def write_outputs(summary, experiment_dir: Path, names, job, config_dict, cmd_ov
         f"(epoch {best.get('best_epoch')}), test {metric} = {test_text}",
         f"# ranked by validation {metric}; the test split did not influence the choice",
         f"# protocol: {best.get('protocol') or 'unrecorded'} (docs/protocols.md)",
+        # --paper as the search had it: its paper file under best.yaml, so the line
+        # trains the best trial's settings under the trial's protocol and seed.
         f"# train it: {invoked_command()} --model={summary['model']} "
-        f"--dataset={summary['dataset']} --config_files {files}",
+        f"--dataset={summary['dataset']}{' --paper' if job['paper'] else ''} "
+        f"--config_files {files}",
     ]
-    if job["paper"]:
-        header.append("# (the search also used --paper)")
     body = yaml.safe_dump(best_params, sort_keys=False, default_flow_style=False)
     if fixed:
         body += "# fixed for every trial of the search:\n"
