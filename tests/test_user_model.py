@@ -150,3 +150,25 @@ def test_reloading_the_users_model_needs_its_module_trusted(
     assert main(["--resume", str(state)]) == 2
     assert "--trust_module user_models.lowpass" in capsys.readouterr().err
     assert main(["--resume", str(state), "--trust_module", "user_models.lowpass"]) == 0
+
+
+def test_an_installed_package_declares_its_models_by_name(
+    small_config, tmp_path, monkeypatch, capsys
+):
+    """A package's entry points (group recbole_freq.models) name its models: --help lists
+    them, --model takes the name, and their checkpoints reload (installed code, as
+    RecBole's)."""
+    info = tmp_path / "lowpass_models-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lowpass-models\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[recbole_freq.models]\nLowPassSASRec = user_models.lowpass:LowPassSASRec\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "installed: LowPassSASRec;" in capsys.readouterr().out.replace("\n  ", " ")
+    summary = run("LowPassSASRec", "tiny", config_dict=dict(small_config, epochs=1))
+    assert summary["config"]["lp_alpha"] == 0.3
+    USER_MODELS.clear()
+    assert main(["--recommend", summary["checkpoint"], "--users", "1"]) == 0

@@ -383,7 +383,11 @@ def model_class(module: str, name: str):
 
     # A model the user named in this process (--model, --compare: package.module:Class)
     # is trusted as its module was imported then.
+    from recbole_freq.utils.command import installed_models
+
     named = {klass.__module__ for klass in USER_MODELS.values()}
+    # Installed packages' models (their entry points) are installed code, as RecBole is.
+    named |= {path.partition(":")[0] for path in installed_models().values()}
     trusted = module in _trusted_modules or module in named
     if not (module.startswith(MODEL_PACKAGES) or trusted) or "." in name:
         return None

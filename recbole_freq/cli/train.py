@@ -97,9 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
 def models_help() -> str:
     import textwrap
 
+    from recbole_freq.utils.command import installed_models
+
+    installed = sorted(installed_models())
     return textwrap.fill(
-        f"models (--model): {', '.join(PLUGIN_MODEL_NAMES)}; or any RecBole built-in, e.g. "
-        "SASRec, BERT4Rec, GRU4Rec, Caser, FEARec",
+        f"models (--model): {', '.join(PLUGIN_MODEL_NAMES)}; "
+        + (f"installed: {', '.join(installed)}; " if installed else "")
+        + "or any RecBole built-in, e.g. SASRec, BERT4Rec, GRU4Rec, Caser, FEARec; or your "
+        "own as package.module:Class",
         width=88, subsequent_indent="  ",
     )  # fmt: skip
 

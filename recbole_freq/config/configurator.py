@@ -141,6 +141,18 @@ def get_model_class(name):
         return import_user_model(name)
     if name in USER_MODELS:
         return USER_MODELS[name]
+    from recbole_freq.utils.command import installed_models
+
+    installed = installed_models()
+    if name in installed:
+        model_class = import_user_model(installed[name])
+        if model_class.__name__ != name:
+            raise UnknownModelError(
+                f"the installed model {name} ({installed[name]}) is a class of another name, "
+                f"{model_class.__name__}: runs name a model by its class name, so its "
+                "package must declare it under that name"
+            )
+        return model_class
     if _recbole_has_model(name):
         from recbole.utils import get_model
 

@@ -9,6 +9,7 @@ wherever the package imports.
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import sys
@@ -29,6 +30,29 @@ SEARCHES = ("grid", "random", "optuna", "hyperopt")  # --hyper_file --search
 DEFAULT_MAX_SEQUENCES = 512  # --analyze: test sequences analysed per checkpoint
 RECOMMEND_CONTEXTS = ("next", "test")  # --recommend --context
 RECOMMEND_FORMATS = ("csv", "json")  # --recommend --format
+
+# The entry-point group an installed package of models declares its models in, e.g. in
+# its setup.cfg: [options.entry_points] recbole_freq.models = LowPass = mypkg.lowpass:LowPass
+MODEL_ENTRY_POINTS = "recbole_freq.models"
+
+
+def installed_models() -> dict[str, str]:
+    """Name -> ``package.module:Class`` of the models installed packages declare
+    (``MODEL_ENTRY_POINTS``), read from their metadata: nothing is imported.  Read once
+    per ``sys.path`` (every model lookup asks)."""
+    return dict(_installed_models(tuple(sys.path)))
+
+
+@functools.lru_cache(maxsize=4)
+def _installed_models(path: tuple) -> tuple:
+    from importlib.metadata import entry_points
+
+    try:
+        found = entry_points(group=MODEL_ENTRY_POINTS)
+    except Exception:  # noqa: BLE001 (a broken distribution's metadata: none listed)
+        return ()
+    return tuple((point.name, point.value) for point in found)
+
 
 SCRIPT = "run_recbole_freq.py"
 MODULE_COMMAND = "python -m recbole_freq"
