@@ -172,3 +172,30 @@ def test_an_installed_package_declares_its_models_by_name(
     assert summary["config"]["lp_alpha"] == 0.3
     USER_MODELS.clear()
     assert main(["--recommend", summary["checkpoint"], "--users", "1"]) == 0
+
+
+def test_the_users_model_is_searched_and_analysed(small_config, tmp_path):
+    """The worked example through the search (Ray's worker processes import the module
+    from PYTHONPATH, as a user sets it) and --analyze (with its consent)."""
+    pytest.importorskip("ray")
+    hyper = tmp_path / "lp.hyper"
+    hyper.write_text("lp_alpha choice [0.1,0.5]\n")
+    settings = {k: v for k, v in small_config.items() if k not in ("seed",)}
+    argv = ["--model=" + LOWPASS, "--dataset=tiny", "--hyper_file", str(hyper), "--num_cpus=1"]
+    argv += ["--verbose=0", "--storage_path", str(tmp_path / "results"), "--name", "lp"]
+    argv += cli_args(dict(settings, epochs=1, checkpoint_dir=str(tmp_path / "saved")))
+    script = HERE.parent / "run_recbole_freq.py"
+    env = dict(os.environ, PYTHONPATH=str(HERE), OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, str(script), *argv], capture_output=True, text=True, env=env,
+        cwd=tmp_path, timeout=400,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    best = (tmp_path / "results" / "lp" / "best.yaml").read_text()
+    assert f"--model={LOWPASS} --dataset=tiny --config_files" in best
+
+    summary = run(LOWPASS, "tiny", config_dict=dict(small_config, epochs=1))
+    USER_MODELS.clear()
+    args = ["--analyze", summary["checkpoint"], "--out", str(tmp_path / "analysis")]
+    assert main([*args, "--trust_module", "user_models.lowpass"]) == 0
+    assert (tmp_path / "analysis" / "analysis.json").is_file()

@@ -118,6 +118,16 @@ def _markdown(rows, names, metric) -> str:
     return "\n".join(lines)
 
 
+def _model_argument(name: str) -> str:
+    """How ``--model`` names the model in a new process: a researcher's own model by its
+    ``package.module:Class`` (its class name is known only where it was imported)."""
+    from recbole_freq.config.configurator import get_model_class
+    from recbole_freq.config.user_models import is_user_model, user_model_path
+
+    model_class = get_model_class(name)
+    return user_model_path(model_class) if is_user_model(model_class) else name
+
+
 def write_outputs(summary, experiment_dir: Path, names, job, config_dict, cmd_overrides):
     from recbole_freq.config.configurator import FreqConfig
 
@@ -174,7 +184,7 @@ def write_outputs(summary, experiment_dir: Path, names, job, config_dict, cmd_ov
         f"# protocol: {best.get('protocol') or 'unrecorded'} (docs/protocols.md)",
         # --paper as the search had it: its paper file under best.yaml, so the line
         # trains the best trial's settings under the trial's protocol and seed.
-        f"# train it: {invoked_command()} --model={summary['model']} "
+        f"# train it: {invoked_command()} --model={_model_argument(summary['model'])} "
         f"--dataset={summary['dataset']}{' --paper' if job['paper'] else ''} "
         f"--config_files {files}",
     ]

@@ -636,4 +636,5 @@ def _stop_gracefully_on_sigterm(event) -> None:
 
 def default_search_name(model: str, dataset: str) -> str:
     """``<model>-<dataset>-<time>``: the experiment folder of a search given no --name."""
-    return f"{model}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    # A researcher's own package.module:Class is named by its class, as its runs are.
+    return f"{str(model).rpartition(':')[2]}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
