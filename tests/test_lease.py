@@ -46,7 +46,7 @@ def lease_run(root, out, small_config, tmp_path):
     settings.update(epochs=2000, stopping_step=2000)  # never finished within a lease
     argv = [sys.executable, str(SCRIPT), "--root", str(root), "run", "--minutes", "0.6"]
     argv += ["--data_path", small_config["data_path"], "--out", str(out), "--suite", "no"]
-    argv += ["--reserve", "20", "--grace", "4", "--least_seconds", "3"]
+    argv += ["--reserve", "15", "--grace", "3", "--least_seconds", "3"]
     argv += ["--checkpoint_dir", str(tmp_path / "saved")]
     argv += [f"--{key}={value}" for key, value in settings.items()]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=180)
