@@ -227,3 +227,22 @@ def test_a_checkout_that_was_not_installed_finds_its_property_files(tmp_path):
         str(checkout / "properties"),
         str(checkout / "properties" / "protocol" / "uni100.yaml"),
     ]
+
+
+def test_the_jobs_default_output_folders_are_ignored_by_git(tmp_path):
+    """Issue 69: a newcomer's comparisons/, analysis/, ray_results/ and the README's
+    table2/ showed up as untracked files of the checkout."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        import pytest
+
+        pytest.skip("not a git checkout")
+    names = ["comparisons/lastfm/runs/x.json", "analysis/a/analysis.json",
+             "ray_results/s/best.yaml", "table2/grid.md"]  # fmt: skip
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", *names], cwd=root, capture_output=True, text=True
+    ).stdout.split()
+    assert sorted(ignored) == sorted(names)
