@@ -199,3 +199,26 @@ def test_the_users_model_is_searched_and_analysed(small_config, tmp_path):
     args = ["--analyze", summary["checkpoint"], "--out", str(tmp_path / "analysis")]
     assert main([*args, "--trust_module", "user_models.lowpass"]) == 0
     assert (tmp_path / "analysis" / "analysis.json").is_file()
+
+
+def test_an_interrupted_comparison_of_the_users_model_shows_and_continues_its_state(
+    small_config, tmp_path, monkeypatch, capsys
+):
+    """Its state records the class name, its entry the import path: the grid must read
+    the state as this run's (it called it 'not usable' and would train again)."""
+    from test_resume import interrupt_at_epoch
+
+    out = tmp_path / "cmp"
+    args = ["--compare", LOWPASS, "--dataset=tiny", "--seeds", "1", "--out", str(out)]
+    args += cli_args(overrides_of(small_config, epochs=3))
+    interrupt_at_epoch(monkeypatch, 2)
+    assert main(args) == 130
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert main([*args, "--status"]) == 3
+    unfinished = (out / "unfinished.md").read_text()
+    assert f"| {LOWPASS} | 1 | 2 |" in unfinished and "not usable" not in unfinished
+    USER_MODELS.clear()
+    assert main(args) == 0
+    assert "continues at epoch 2" in capsys.readouterr().out
+    assert (out / "runs" / f"{LOWPASS}-seed1.json").is_file()

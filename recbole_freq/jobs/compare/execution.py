@@ -17,6 +17,7 @@ from pathlib import Path
 from recbole_freq.compat.logs import console_warnings_only
 from recbole_freq.jobs.compare.runs import (
     ComparisonError,
+    entry_model_name,
     entry_models,
     entry_overrides,
     partial_file,
@@ -251,7 +252,7 @@ def _resumes_at(job: RunJob) -> str:
     except Exception:  # the run itself reports a resume state it cannot use
         return " (continues from its resume state)"
     problem = progress_problem(
-        state, model=split_entry(job.entry)[0], dataset=job.dataset, seed=job.seed
+        state, model=entry_model_name(job.entry), dataset=job.dataset, seed=job.seed
     )
     if problem is not None:  # the run itself refuses it
         return f" (its resume state is not usable: {problem})"

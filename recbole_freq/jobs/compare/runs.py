@@ -109,6 +109,12 @@ def split_entry(entry: str) -> tuple[str, str | None]:
     return model, protocol or None
 
 
+def entry_model_name(entry: str) -> str:
+    """The model name an entry's runs and states record: its model, or for a researcher's
+    own ``package.module:Class`` the class name."""
+    return split_entry(entry)[0].rpartition(":")[2]
+
+
 def entry_label(entry: str) -> str:
     """How a table names an entry, and the key of its published figures: the model, or
     ``Model [variant]`` for a named variant (``Model@variant=only-self-attention``);
@@ -207,7 +213,7 @@ def _identity_problem(record: dict, entry, seed, dataset) -> str | None:
         "seed": (record.get("seed"), seed),
         "seed of its summary": (summary.get("seed"), seed),
         # A researcher's own package.module:Class is recorded by its class name.
-        "model of its summary": (summary.get("model"), split_entry(entry)[0].rpartition(":")[2]),
+        "model of its summary": (summary.get("model"), entry_model_name(entry)),
         "dataset": (summary.get("dataset"), dataset),
     }
     for what, (found, wanted) in recorded.items():

@@ -15,7 +15,7 @@ import csv
 import io
 
 from recbole_freq.jobs.compare.execution import RunJob
-from recbole_freq.jobs.compare.runs import run_file, split_entry
+from recbole_freq.jobs.compare.runs import entry_model_name, run_file
 
 CSV_FIELDS = (
     "model", "seed", "epochs_stored", "best_epoch", "valid_metric", "best_valid_score",
@@ -36,7 +36,7 @@ def unfinished_rows(jobs: list[RunJob], metrics: list[str]) -> tuple[list[dict],
             not_started.append(f"{job.entry}, seed {job.seed}")
             continue
         state = load_resume_state(job.resume_file)
-        model = split_entry(job.entry)[0]
+        model = entry_model_name(job.entry)
         problem = progress_problem(state, model=model, dataset=job.dataset, seed=job.seed)
         if problem is not None:
             not_started.append(
