@@ -216,6 +216,10 @@ def test_an_interrupted_comparison_of_the_users_model_shows_and_continues_its_st
     monkeypatch.undo()
     capsys.readouterr()
     assert main([*args, "--status"]) == 3
+    # Issue 69: it said "the tables hold the runs stored so far" and wrote no table.
+    said = capsys.readouterr().err
+    assert "the comparison table comes once every run is stored" in said
+    assert "stored so far" not in said and not (out / "comparison.md").exists()
     unfinished = (out / "unfinished.md").read_text()
     assert f"| {LOWPASS} | 1 | 2 |" in unfinished and "not usable" not in unfinished
     USER_MODELS.clear()

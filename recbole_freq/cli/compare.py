@@ -87,9 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--status",
         action="store_true",
-        help="train nothing: write the tables of the runs stored so far and, for the "
-        "others, unfinished.md (each one's epochs and validation scores from its resume "
-        "state); exit code 3 while runs remain",
+        help="train nothing: write the tables (a dataset's once all its runs are stored; "
+        "a grid's of the runs stored so far) and, for the others, unfinished.md (each one's "
+        "epochs and validation scores from its resume state); exit code 3 while runs remain",
     )
     add_execution_arguments(parser)
     return parser
@@ -196,10 +196,20 @@ def cli(argv: list[str]) -> int:
             )
             return TIME_LIMIT_EXIT
         stopped = "unfinished" if args.status else "stopped at the time limit"
+        if "grid" in result["files"]:
+            tables = (
+                "grid.md holds the runs stored so far, and a dataset's comparison table "
+                "comes once all its runs are stored"
+            )
+        else:  # a mean over the seeds stored so far would read as the row's result
+            tables = (
+                "unfinished.md shows where each run stands; the comparison table comes "
+                "once every run is stored"
+            )
         print(
             f"{len(result['stopped'])} run(s) {stopped} and "
-            f"{len(result['not_started'])} not started; the tables hold the runs stored so "
-            f"far. Continue with: {invoked_command()} {command}",
+            f"{len(result['not_started'])} not started; {tables}. Continue with: "
+            f"{invoked_command()} {command}",
             file=sys.stderr,
         )
         return TIME_LIMIT_EXIT
