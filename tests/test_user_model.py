@@ -226,3 +226,27 @@ def test_an_interrupted_comparison_of_the_users_model_shows_and_continues_its_st
     assert main(args) == 0
     assert "continues at epoch 2" in capsys.readouterr().out
     assert (out / "runs" / f"{LOWPASS}-seed1.json").is_file()
+
+
+def test_an_entrys_own_settings_file_reaches_that_entry_alone(small_config, tmp_path, capsys):
+    """Issue 69: ``Mine@config=mine.yaml`` gives one entry its own settings; the other
+    models of the comparison keep theirs (here SASRec's dropout)."""
+    (tmp_path / "lp.yaml").write_text("lp_alpha: 0.7\nhidden_dropout_prob: 0.2\n")
+    out = tmp_path / "cmp"
+    entry = f"{LOWPASS}@config=lp.yaml"
+    args = ["--compare", f"{entry},SASRec", "--dataset=tiny", "--seeds", "1", "--out", str(out)]
+    assert main([*args, *cli_args(overrides_of(small_config, epochs=1))]) == 0
+    mine = json.loads((out / "runs" / f"{entry}-seed1.json").read_text())["summary"]["config"]
+    sasrec = json.loads((out / "runs" / "SASRec-seed1.json").read_text())["summary"]["config"]
+    assert mine["lp_alpha"] == 0.7 and mine["hidden_dropout_prob"] == 0.2
+    assert sasrec["hidden_dropout_prob"] != 0.2
+    assert f"| {LOWPASS} [lp.yaml] |" in (out / "comparison.md").read_text()
+    bad = [
+        "--compare",
+        f"{LOWPASS}@config=../lp.yaml",
+        "--dataset=tiny",
+        "--out",
+        str(tmp_path / "x"),
+    ]
+    assert main([*bad, *cli_args(overrides_of(small_config))]) == 2
+    assert "must be a plain name" in capsys.readouterr().err

@@ -203,6 +203,18 @@ def check_loss_variant(entry: str, protocols) -> None:
     if variant is None or "=" not in variant:
         return
     piece, _, value = variant.partition("=")
+    if piece == "config":
+        from recbole_freq.config.configurator import check_name_component
+        from recbole_freq.utils.property_files import find_config_file
+
+        try:
+            check_name_component(value, "a --compare entry's config file")
+            find_config_file(value)
+        except (ValueError, FileNotFoundError) as error:
+            raise ComparisonError(
+                f"--compare entry {entry!r}: {error} (name a yaml file of the current folder)"
+            ) from None
+        return
     if piece == "variant":
         try:
             variant_file(model, value)
@@ -214,8 +226,8 @@ def check_loss_variant(entry: str, protocols) -> None:
             f"{piece}={choice}" for piece in MODEL_PIECES for choice in PIECES[piece]
         )
         raise ComparisonError(
-            f"--compare entry {entry!r}: after '@' name a protocol, variant=<name> or one "
-            f"of {choices}"
+            f"--compare entry {entry!r}: after '@' name a protocol, variant=<name>, "
+            f"config=<file.yaml> or one of {choices}"
         )
     if protocols is not None:
         raise ComparisonError(

@@ -17,6 +17,7 @@ from pathlib import Path
 from recbole_freq.compat.logs import console_warnings_only
 from recbole_freq.jobs.compare.runs import (
     ComparisonError,
+    entry_config_files,
     entry_model_name,
     entry_models,
     entry_overrides,
@@ -155,7 +156,7 @@ def train_job(job: RunJob, deadline=None, workdir=None, threads=None, quiet=Fals
             summary = run(
                 split_entry(job.entry)[0],
                 job.dataset,
-                list(job.config_files),
+                [*job.config_files, *entry_config_files(job.entry)],
                 cmd_overrides=overrides,
                 paper=job.entry in job.paper_models,
                 shared_with=entry_models(job.models),

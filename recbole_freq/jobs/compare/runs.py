@@ -121,7 +121,7 @@ def entry_label(entry: str) -> str:
     another loss or protocol keeps the model's name (the row's loss or protocol column
     tells them apart)."""
     model, variant = split_entry(entry)
-    if variant and variant.startswith("variant="):
+    if variant and variant.startswith(("variant=", "config=")):
         return f"{model} [{variant.partition('=')[2]}]"
     return model
 
@@ -129,12 +129,28 @@ def entry_label(entry: str) -> str:
 def entry_overrides(entry: str) -> dict:
     """What an entry adds to the comparison's settings: ``Model@protocol`` its protocol,
     ``Model@train_loss=model`` a model piece (the same model trained with another loss,
-    beside the first in one table)."""
+    beside the first in one table); ``Model@config=FILE`` adds a file instead
+    (``entry_config_files``)."""
     _, variant = split_entry(entry)
     if variant is None:
         return {}
     piece, sep, value = variant.partition("=")
+    if piece == "config":
+        return {}
     return {piece: value} if sep else {"protocol": variant}
+
+
+def entry_config_files(entry: str) -> list[str]:
+    """``Model@config=FILE``: the entry's own settings file, read after the comparison's
+    ``--config_files`` and before its command-line settings, for this entry alone (a
+    researcher's sizes for their model never reach another model's paper settings)."""
+    from recbole_freq.utils.property_files import find_config_file
+
+    _, variant = split_entry(entry)
+    piece, _, value = (variant or "").partition("=")
+    if piece != "config":
+        return []
+    return [os.path.abspath(find_config_file(value))]
 
 
 def entry_models(entries) -> tuple[str, ...]:
@@ -443,7 +459,7 @@ def validate(
             config = FreqConfig(
                 split_entry(model)[0],
                 dataset,
-                config_files,
+                [*config_files, *entry_config_files(model)],
                 cmd_overrides={
                     **(references or {}).get(model, {}),
                     **overrides,
