@@ -628,3 +628,25 @@ def test_two_comparisons_into_one_folder_at_once_are_refused(one_stored_run):
     finally:
         held.release()
     assert again()["trained"] == []
+
+
+def test_a_run_capped_by_its_epochs_is_marked_beside_the_papers_figure():
+    """Issue 69: runs stopped by --epochs before early stopping stood beside the paper's
+    figures ("-38.7% from paper") with only a note; now the row says not comparable."""
+    from recbole_freq.jobs.compare.tables import published_section, summarise
+
+    def record(epochs_run, best_epoch):
+        return {"summary": {
+            "test_result": {"ndcg@10": 0.03}, "train_seconds_per_epoch": 1.0,
+            "epochs_run": epochs_run, "best_epoch": best_epoch, "parameters": 10,
+            "config": {"epochs": 20, "stopping_step": 10},
+        }}  # fmt: skip
+
+    records = {("SASRec", 1): record(20, 19), ("BSARec", 1): record(15, 4)}
+    rows = summarise(records, ["SASRec", "BSARec"], [1], ["ndcg@10"], ["SASRec"])
+    assert [row["capped_runs"] for row in rows] == [1, 0]  # BSARec stopped early at 15
+    figures = [{"name": "paper", "source": "Table 2",
+                "rows": {"SASRec": {"ndcg@10": 0.05}, "BSARec": {"ndcg@10": 0.05}}}]  # fmt: skip
+    section = published_section(rows, ["ndcg@10"], figures, [1])
+    assert "| SASRec (ours †) |" in section and "| BSARec (ours) |" in section
+    assert section.count("(not comparable: †)") == 1 and "not comparable" in section.split("\n")[1]

@@ -104,6 +104,18 @@ def recorded_loss(summary: dict) -> str:
     return " + ".join([base, *terms])
 
 
+def capped_by_epochs(summary: dict) -> bool:
+    """Whether a run ended at its ``epochs`` cap before early stopping could end it (its
+    best epoch fewer than ``stopping_step`` epochs before the last): a budget's result,
+    not a converged one."""
+    config = summary.get("config") or {}
+    epochs, patience = config.get("epochs"), config.get("stopping_step")
+    ran, best = summary.get("epochs_run"), summary.get("best_epoch")
+    if not all(isinstance(v, int) for v in (epochs, patience, ran, best)):
+        return False
+    return ran >= epochs and ran - 1 - best < patience
+
+
 def summarise(records: dict, models, seeds, metrics, baselines) -> list[dict]:
     """One row per model: mean/std per metric and, for proposed models, improvement over
     the best baseline per metric and the paired t-test against it."""
@@ -123,6 +135,8 @@ def summarise(records: dict, models, seeds, metrics, baselines) -> list[dict]:
         }
         if any(s.get("learns_by_gradient") is False for s in summaries):
             row["count_baseline"] = True  # TransitionCount: nothing learned by gradient
+        else:
+            row["capped_runs"] = sum(map(capped_by_epochs, summaries))
         for metric in metrics:
             row[f"{metric}_mean"] = float(np.mean(values[metric]))
             row[f"{metric}_std"] = _std(values[metric])
@@ -366,13 +380,17 @@ def published_section(rows, metrics, figures: list[dict], seeds) -> str:
     """Each model's mean, then each published figure for it (one row per source, named by
     its ``name``) and our relative difference from it; empty when no figure names a model
     of the table."""
-    lines = []
+    lines, capped = [], False
     for row in rows:
         sources = [figure for figure in figures if figure["rows"].get(row["model"])]
         if not sources:
             continue
         ours = [row[f"{metric}_mean"] for metric in metrics]
-        lines.append(f"| {row['model']} (ours) | " + " | ".join(f"{v:.4f}" for v in ours) + " |")
+        mark = " †" if row.get("capped_runs") else ""
+        capped = capped or bool(mark)
+        lines.append(
+            f"| {row['model']} (ours{mark}) | " + " | ".join(f"{v:.4f}" for v in ours) + " |"
+        )
         for figure in sources:
             given = [figure["rows"][row["model"]].get(metric) for metric in metrics]
             lines.append(
@@ -381,7 +399,7 @@ def published_section(rows, metrics, figures: list[dict], seeds) -> str:
                 + " |"
             )
             lines.append(
-                f"| difference from {figure['name']} | "
+                f"| difference from {figure['name']}{' (not comparable: †)' if mark else ''} | "
                 + " | ".join(
                     "" if v is None else f"{(o - v) / v:+.1%}" for o, v in zip(ours, given)
                 )
@@ -396,6 +414,12 @@ def published_section(rows, metrics, figures: list[dict], seeds) -> str:
         f"Beside the published figures for this protocol (properties/reference/; ours: "
         f"{count}; difference: ours relative to the figure). {named}."
     )
+    if capped:
+        note += (
+            " † Trained to the --epochs cap before early stopping could end it: a budget's "
+            "result, not the paper's training, so its difference from the figure is not "
+            "comparable."
+        )
     return "\n" + note + "\n\n" + "\n".join(header + lines) + "\n"
 
 
