@@ -223,3 +223,23 @@ def test_figures_name_their_dataset_and_tick_whole_layers(checkpoints, tmp_path)
                 ticks = [t for t in axis.get_xticks() if axis.get_xlim()[0] <= t <= axis.get_xlim()[1]]  # fmt: skip
                 assert all(float(t).is_integer() for t in ticks), (name, ticks)
         plt.close(figure)
+
+
+def test_legends_name_checkpoints_by_labels_or_numbered_models(checkpoints, tmp_path, capsys):
+    """Issue 69: legends used whole checkpoint names (``BSARec-tiny-Nov-28-...``) and
+    there was no --labels."""
+    from recbole_freq.jobs.analyze.measures import label_results
+
+    results = [{"model": "BSARec", "checkpoint": "a.pth"}, {"model": "BSARec", "checkpoint": "b.pth"},
+               {"model": "SASRec", "checkpoint": "c.pth"}]  # fmt: skip
+    label_results(results)
+    assert [r["label"] for r in results] == ["BSARec 1", "BSARec 2", "SASRec"]
+    out = tmp_path / "figures"
+    args = ["--analyze", checkpoints["SASRec"], checkpoints["BSARec"], "--out", str(out)]
+    assert main([*args, "--labels", "baseline,ours"]) == 0
+    report = json.loads((out / "analysis.json").read_text())
+    assert [r["label"] for r in report["checkpoints"]] == ["baseline", "ours"]
+    capsys.readouterr()
+    assert main([*args, "--labels", "only-one"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--labels names 1 checkpoint(s) for the 2 given" in err[0]

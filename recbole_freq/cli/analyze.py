@@ -12,6 +12,7 @@ from pathlib import Path
 from recbole_freq.cli.common import (
     EXPECTED_ERRORS,
     CommandLineParser,
+    UsageError,
     add_trust_data_option,
     report_error,
 )
@@ -32,6 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--data_path", default=None, help="folder holding <dataset>/ (default: the training run's)"
     )
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--labels",
+        default=None,
+        help="the checkpoints' names in the figures, comma-separated in their order "
+        "(default: each one's model, numbered where models repeat)",
+    )
     add_trust_data_option(parser, "checkpoint")
     return parser
 
@@ -45,6 +52,17 @@ def cli(argv: list[str]) -> int:
 
     out = Path(args.out or Path("analysis") / "_vs_".join(Path(p).stem for p in args.analyze))
     created = not out.exists()
+    labels = None
+    if args.labels is not None:
+        names = [name.strip() for name in args.labels.split(",")]
+        if len(names) != len(args.analyze) or not all(names):
+            return report_error(
+                UsageError(
+                    f"--labels names {len(names)} checkpoint(s) for the {len(args.analyze)} "
+                    "given; give one non-empty name per checkpoint, comma-separated"
+                )
+            )
+        labels = dict(zip(args.analyze, names))
     try:
         if args.max_sequences < 1:
             raise ValueError(f"--max_sequences={args.max_sequences} must be >= 1")
@@ -79,7 +97,7 @@ def cli(argv: list[str]) -> int:
             with contextlib.suppress(OSError):
                 out.rmdir()  # the folder this call made, still empty: nothing left behind
         return report_error(error)
-    label_results(results)
+    label_results(results, labels)
     figures = []
     try:
         write_figures(results, out, figures)

@@ -55,7 +55,6 @@ Definitions (``N`` = ``MAX_ITEM_LIST_LENGTH``; RecBole right-pads sequences):
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -398,10 +397,14 @@ def analyse_checkpoint(
     }
 
 
-def label_results(results: list[dict]) -> None:
-    """Name each result by its model, or by its checkpoint where models repeat."""
+def label_results(results: list[dict], labels: dict | None = None) -> None:
+    """Name each result in the figures' legends: the label given for its checkpoint
+    (``--labels``), else its model, numbered where models repeat (``BSARec 1``,
+    ``BSARec 2``, in the order given; analysis.json keeps each one's checkpoint)."""
     names = [r["model"] for r in results]
+    seen: dict[str, int] = {}
     for result in results:
-        stem = Path(result["checkpoint"]).stem
-        label = result["model"] if names.count(result["model"]) == 1 else stem
-        result["label"] = label
+        model = result["model"]
+        seen[model] = seen.get(model, 0) + 1
+        label = model if names.count(model) == 1 else f"{model} {seen[model]}"
+        result["label"] = (labels or {}).get(result["checkpoint"], label)
