@@ -205,6 +205,23 @@ def test_resume_through_a_link_is_refused_and_the_linked_state_is_untouched(
     assert sorted(p.name for p in link.parent.iterdir()) == ["run.resume.pth"]
 
 
+def test_a_stopped_segment_leaves_no_checkpoint_without_a_summary(small_config, monkeypatch):
+    """Issue 69: each interrupted or time-limited segment left its own checkpoint in
+    checkpoint_dir, with no summary beside it; the resume state holds its best weights."""
+    interrupt_at_epoch(monkeypatch, 2)
+    with pytest.raises(RunInterrupted):
+        run("SASRec", "tiny", config_dict=dict(small_config, epochs=3))
+    monkeypatch.undo()
+    saved = Path(small_config["checkpoint_dir"])
+    (state,) = saved.glob("*.resume.pth")
+    assert sorted(p.name for p in saved.iterdir()) == [state.name]
+    summary = resume_run(state)
+    checkpoint = Path(summary["checkpoint"])
+    assert sorted(p.name for p in saved.iterdir()) == sorted(
+        [checkpoint.name, checkpoint.with_suffix(".json").name]
+    )
+
+
 def _start(argv, cwd, env=None):
     import subprocess
     import sys

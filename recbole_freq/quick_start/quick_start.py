@@ -62,6 +62,7 @@ from recbole_freq.quick_start.preflight import (
 from recbole_freq.quick_start.resume import (
     EpochDeadline,
     ResumeError,
+    TimeLimitReached,
     apply_resume_state,
     check_resume_data,
     checkpoint_file_for,
@@ -253,7 +254,11 @@ def run_config(
                 train_data, valid_data, saved=saved, show_progress=config["show_progress"]
             )
         except KeyboardInterrupt as interrupt:
+            drop_segment_checkpoint(trainer, resume_file)
             raise RunInterrupted(_interrupted_training(trainer, resume_file)) from interrupt
+        except TimeLimitReached:
+            drop_segment_checkpoint(trainer, resume_file)
+            raise
         test_result = trainer.evaluate(
             test_data, load_best_model=saved, show_progress=config["show_progress"]
         )
@@ -288,6 +293,16 @@ def run_config(
     if resume_file is not None and resume_file.exists() and not leave_resume_state:
         resume_file.unlink()
     return summary
+
+
+def drop_segment_checkpoint(trainer, resume_file) -> None:
+    """A run that stops with its resume state (interrupted, or at its time limit) leaves
+    no checkpoint of its own: the state holds the best weights so far, and the segment
+    that finishes the run writes the checkpoint with its summary.  Each stopped segment
+    left one in checkpoint_dir without a summary (14 MB on Beauty)."""
+    checkpoint = Path(trainer.saved_model_file)
+    if resume_file is not None and Path(resume_file).is_file() and checkpoint.is_file():
+        checkpoint.unlink()
 
 
 def checked_data(config, logger, recbole_dataset=None):
