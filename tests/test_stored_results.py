@@ -22,3 +22,17 @@ def test_a_stored_run_file_is_whole_and_records_its_place(path):
     entry, seed = re.fullmatch(r"(.+)-seed(-?\d+)\.json", path.name).groups()
     record = load_run(path, entry, int(seed))
     assert record["digest"]
+
+
+def test_the_indexs_coverage_table_is_what_the_run_files_give():
+    """benchmarks/results/README.md's coverage of the papers' tables is derived from the
+    stored run files (benchmarks/coverage.py); a run stored or removed without
+    regenerating it makes the index wrong."""
+    import importlib.util
+
+    script = RESULTS.parent / "coverage.py"
+    spec = importlib.util.spec_from_file_location("coverage_table", script)
+    coverage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(coverage)
+    block = coverage.readme_block((RESULTS / "README.md").read_text(encoding="utf-8"))
+    assert block == coverage.coverage_markdown(), "run: python benchmarks/coverage.py --write"

@@ -1,0 +1,166 @@
+"""How much of the papers' tables the stored runs cover, derived from the run files.
+
+    python benchmarks/coverage.py            # print the table
+    python benchmarks/coverage.py --write    # put it into benchmarks/results/README.md
+    python benchmarks/coverage.py --check    # exit 1 if the README's table is not this one
+
+Every cell of a published table (``properties/reference/<dataset>.yaml``: the papers'
+tables and the thesis's, per protocol; "the authors' code here" is not a paper's cell)
+is looked up among the run files under ``benchmarks/results/**/runs/``: a run counts for
+a cell when it records that dataset, a protocol label whose non-model pieces are the
+figure's protocol (``comparable_label``: ``bsarec+sequence_layout=right`` is not
+``bsarec``), and that row (``entry_label``: ``BSARec@variant=only-self-attention`` is the
+row ``BSARec [only-self-attention]``).  Each seed counts once (the same run stored in two
+folders is one).  For each cell: the seeds stored, whether every one was trained with
+``--paper`` (the paper's settings for that model and dataset), the loss the runs
+record (a paper row trained with another loss is not that row), the mean test NDCG@20
+(else the first metric the figure gives) and its difference from the figure.  The
+README's table is this script's output (``tests/test_stored_results.py`` checks it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "benchmarks" / "results" / "README.md"
+START, END = "<!-- coverage:start -->", "<!-- coverage:end -->"
+METRIC = "ndcg@20"
+
+
+def stored_runs(root: Path = ROOT) -> list[dict]:
+    from recbole_freq.jobs.compare.runs import entry_label
+    from recbole_freq.jobs.compare.tables import recorded_loss
+    from recbole_freq.protocol.pieces import comparable_label
+
+    runs = []
+    for path in sorted((root / "benchmarks" / "results").glob("**/runs/*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        summary = record["summary"]
+        protocol = summary.get("protocol")
+        if not isinstance(protocol, dict):
+            continue  # stored before protocols were recorded: no cell can be claimed
+        runs.append(
+            {
+                "dataset": summary.get("dataset"),
+                "row": entry_label(record["model"]),
+                "seed": record["seed"],
+                "protocol": comparable_label(protocol["label"]),
+                "paper": bool(record["settings"].get("paper")),
+                "loss": recorded_loss(summary),
+                "test": summary["test_result"],
+                "folder": path.parent.parent.relative_to(
+                    root / "benchmarks" / "results"
+                ).as_posix(),
+            }
+        )
+    return runs
+
+
+def published_cells(root: Path = ROOT) -> list[dict]:
+    cells = []
+    for path in sorted((root / "properties" / "reference").glob("*.yaml")):
+        figures = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        for protocol, sources in figures.items():
+            for source in sources:
+                if not source["name"].startswith(("paper", "thesis")):
+                    continue
+                for row, values in source["rows"].items():
+                    cells.append(
+                        {
+                            "dataset": path.stem,
+                            "protocol": protocol,
+                            "table": source["source"],
+                            "row": row,
+                            "figure": values,
+                        }  # fmt: skip
+                    )
+    return cells
+
+
+def coverage_markdown(root: Path = ROOT) -> str:
+    runs = stored_runs(root)
+    lines = [
+        "| paper table | protocol | row | seeds stored | all --paper | loss | "
+        f"{METRIC} ours (mean) | paper | difference | folders |",
+        "|---|---|---|---|---|---|---:|---:|---:|---|",
+    ]
+    covered = 0
+    cells = published_cells(root)
+    for cell in cells:
+        seen, matching = set(), []
+        for run in runs:
+            key = (run["dataset"], run["row"], run["protocol"], run["seed"])
+            if key[:3] == (cell["dataset"], cell["row"], cell["protocol"]) and key not in seen:
+                seen.add(key)
+                matching.append(run)
+        metric = METRIC if METRIC in cell["figure"] else next(iter(cell["figure"]))
+        figure = cell["figure"][metric]
+        if not matching:
+            lines.append(
+                f"| {cell['table']} | {cell['protocol']} | {cell['row']} | none | | | | "
+                f"{figure:.4f} | | |"
+            )
+            continue
+        covered += 1
+        values = [run["test"][metric] for run in matching]
+        mean = sum(values) / len(values)
+        seeds = ", ".join(str(run["seed"]) for run in sorted(matching, key=lambda r: r["seed"]))
+        folders = ", ".join(sorted({f"`{run['folder']}`" for run in matching}))
+        paper = "yes" if all(run["paper"] for run in matching) else "no"
+        loss = " / ".join(sorted({run["loss"] for run in matching}))
+        lines.append(
+            f"| {cell['table']} | {cell['protocol']} | {cell['row']} | {len(matching)} ({seeds}) "
+            f"| {paper} | {loss} | {mean:.4f} ({metric}) | {figure:.4f} | "
+            f"{(mean - figure) / figure:+.1%} | {folders} |"
+        )
+    head = (
+        f"{covered} of the {len(cells)} published cells (paper tables and the thesis, per "
+        f"dataset, protocol and row) have at least one stored run; generated by "
+        f"`python benchmarks/coverage.py --write` from the run files "
+        f"(`benchmarks/coverage.py` says what counts)."
+    )
+    return head + "\n\n" + "\n".join(lines) + "\n"
+
+
+def readme_block(text: str) -> str | None:
+    if START not in text or END not in text:
+        return None
+    return text.split(START, 1)[1].split(END, 1)[0].strip("\n") + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--write", action="store_true", help="write it into the results README")
+    action.add_argument("--check", action="store_true", help="exit 1 if the README differs")
+    args = parser.parse_args(argv)
+    table = coverage_markdown()
+    if not (args.write or args.check):
+        print(table, end="")
+        return 0
+    text = README.read_text(encoding="utf-8")
+    if args.check:
+        if readme_block(text) != table:
+            print(f"{README}: its coverage table is not what the run files give; run "
+                  "python benchmarks/coverage.py --write", file=sys.stderr)  # fmt: skip
+            return 1
+        return 0
+    if readme_block(text) is None:
+        print(f"{README} has no {START} ... {END} block", file=sys.stderr)
+        return 2
+    before, rest = text.split(START, 1)
+    after = rest.split(END, 1)[1]
+    from recbole_freq.utils.files import write_atomic
+
+    write_atomic(README, f"{before}{START}\n{table}{END}{after}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
