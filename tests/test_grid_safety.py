@@ -566,3 +566,38 @@ def test_an_interrupt_while_the_interpreter_exits_keeps_the_jobs_exit_code(tmp_p
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "usage" in done.stdout.lower() and done.stderr == ""
+
+
+def test_runs_of_different_code_share_a_table_only_when_asked(small_config, tmp_path, capsys):
+    """Issue 70: a comparison tabled runs of different commits without a word; it now
+    refuses before training, naming each code and its runs, unless --mixed_code, and then
+    its table names them."""
+    from recbole_freq.jobs.compare.runs import record_digest
+
+    out = tmp_path / "cmp"
+    args = ["--compare", "SASRec", "--dataset=tiny", "--out", str(out)]
+    args += cli_args(overrides_of(small_config, epochs=1))
+    assert main([*args, "--seeds", "1"]) == 0
+    path = out / "runs" / "SASRec-seed1.json"
+    record = json.loads(path.read_text())
+    record["summary"]["environment"]["code"] = {
+        "commit": "0123456789abcdef",
+        "uncommitted_changes": False,
+    }
+    del record["digest"]
+    record["digest"] = record_digest(record)
+    path.write_text(json.dumps(record, indent=2))
+    capsys.readouterr()
+    code = main([*args, "--seeds", "1,2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    from recbole_freq.utils.reproducibility import code_identity
+
+    if not code_identity()["commit"]:
+        pytest.skip("this checkout records no commit (not a git checkout)")
+    assert code == 2
+    assert len(err) == 1 and "0123456789: SASRec-seed1" in err[0] and "--mixed_code" in err[0]
+    assert not (out / "runs" / "SASRec-seed2.json").exists()
+    assert main([*args, "--seeds", "1,2", "--mixed_code"]) == 0
+    table = (out / "comparison.md").read_text()
+    assert "**Code.** These runs were made by different code" in table
+    assert "0123456789: SASRec-seed1" in table

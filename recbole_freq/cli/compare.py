@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="table runs made under different protocols anyway (each row names its own)",
     )
     parser.add_argument(
+        "--mixed_code",
+        action="store_true",
+        help="table runs made by different code (their recorded commits) anyway; the "
+        "tables then name each run's code",
+    )
+    parser.add_argument(
         "--status",
         action="store_true",
         help="train nothing: write the tables (a dataset's once all its runs are stored; "
@@ -141,6 +147,7 @@ def cli(argv: list[str]) -> int:
             metrics=args.metrics,
             protocols=args.protocols,
             mixed_protocols=args.mixed_protocols,
+            mixed_code=args.mixed_code,
             paper=args.paper,
             correction=args.correction,
             status=args.status,

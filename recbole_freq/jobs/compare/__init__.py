@@ -36,9 +36,12 @@ from recbole_freq.jobs.compare.grid import grid_csv_text, grid_markdown
 from recbole_freq.jobs.compare.runs import (
     RESERVED_OVERRIDES,
     ComparisonError,
+    check_code,
     check_out_dir,
     check_output_entries,
     check_stored_settings,
+    code_note,
+    code_of,
     entry_label,
     entry_name,
     load_run,
@@ -74,6 +77,7 @@ from recbole_freq.protocol import comparable_label, protocol_file
 from recbole_freq.quick_start.distributed import data_parallel_settings
 from recbole_freq.utils.command import DEFAULT_SEEDS, invoked_command
 from recbole_freq.utils.files import check_writable, write_atomic
+from recbole_freq.utils.reproducibility import code_identity
 
 # ---------------------------------------------------------------------------- API
 
@@ -277,6 +281,7 @@ class Comparison:
     correction: str
     execution: Execution
     log: Callable
+    mixed_code: bool = False
     paper_models: list[str] = field(default_factory=list)
     references: dict = field(default_factory=dict)
     settings: dict = field(default_factory=dict)
@@ -333,13 +338,15 @@ def compare(
     execution: Execution | None = None,
     log=print,
     status: bool = False,
+    mixed_code: bool = False,
 ) -> dict:
     """Train ``models`` x ``seeds`` on ``dataset`` (skipping runs already stored in ``out``)
     and write the comparison tables and plot.  ``dataset``: one, or several (a grid: each
     in ``<out>/<dataset>/`` with its own tables, the models x datasets table ``grid.md``
     in ``out``).  ``baselines``: the models of the "Improv." row (default: the RecBole
     built-ins).  ``protocols``: every model under each (a table each, and one side by
-    side); runs of different protocols share no table unless ``mixed_protocols``.
+    side); runs of different protocols share no table unless ``mixed_protocols``, and
+    runs of different code (their recorded commits) none unless ``mixed_code``.
     ``paper``: paper settings (``properties/paper/``) for the models that have them for
     the dataset, the denoisers' backbones sharing their denoiser's, under the protocol
     they name.  ``correction``: ``holm`` or ``bh`` for the per-user tests.
@@ -361,7 +368,7 @@ def compare(
             Comparison(
                 models, name, seeds, config_files, overrides,
                 base if len(datasets) == 1 else base / name, baselines, protocols,
-                mixed_protocols, paper, correction, execution, log,
+                mixed_protocols, paper, correction, execution, log, mixed_code,
             ),
             metrics,
         )
@@ -437,6 +444,14 @@ def _planned_and_run(
             c.dataset,
             c.expected_labels,
         )
+        stored = {
+            (j.entry, j.seed): load_run(run_file(j.out, j.entry, j.seed))
+            for j in c.jobs
+            if run_file(j.out, j.entry, j.seed).is_file()
+        }
+        missing = len(stored) < len(c.jobs)
+        current = code_of({"code": code_identity()}) if missing and not status else None
+        check_code(stored, current, c.mixed_code)
     if status:
         outcome, skipped = stored_outcome(comparisons)
     else:
@@ -692,6 +707,7 @@ def tabulate(comparison: Comparison, records: dict) -> tuple[list, list, str]:
             markdown_table(group_rows, c.metrics, c.dataset, c.seeds, note, c.correction)
             + per_loss
             + published_section(group_rows, c.metrics, figures, c.seeds)
+            + code_note({key: records[key] for key in records if key[0] in group})
         )
     if c.protocols:
         sections = [

@@ -377,6 +377,75 @@ def check_stored_settings(
             )
 
 
+def code_of(environment) -> tuple | None:
+    """``(commit, uncommitted changes)`` of one segment's environment, or None where it
+    records no commit (stored before runs recorded their code, or an installed copy)."""
+    code = (environment or {}).get("code") if isinstance(environment, dict) else None
+    if not isinstance(code, dict) or not code.get("commit"):
+        return None
+    return (str(code["commit"]), bool(code.get("uncommitted_changes")))
+
+
+def run_codes(record: dict) -> list:
+    """The code of each segment of a stored run, its earlier ones first."""
+    summary = record["summary"]
+    earlier = summary.get("earlier_segments_environment") or []
+    return [code_of(env) for env in earlier if isinstance(env, dict)] + [
+        code_of(summary.get("environment"))
+    ]
+
+
+def code_label(code) -> str:
+    if code is None:
+        return "unrecorded"
+    return code[0][:10] + ("+uncommitted changes" if code[1] else "")
+
+
+def code_differences(records: dict, current=None, segments: bool = False) -> dict:
+    """``{code label: [run names]}`` when the runs (``{(entry, seed): record}``) and the
+    code about to train (``current``) are of more than one recorded code, else ``{}``:
+    each run's code is its last segment's, or with ``segments`` every segment's (a run
+    continued across commits, as a lease's runs are).  A segment that records no code is
+    not counted as different: nothing shows it is."""
+    by_code: dict = {}
+    for (entry, seed), record in records.items():
+        codes = run_codes(record) if segments else run_codes(record)[-1:]
+        for code in dict.fromkeys(codes):
+            if code is not None:
+                by_code.setdefault(code, []).append(f"{entry}-seed{seed}")
+    if current is not None and current[0]:
+        by_code.setdefault(current, []).append("the runs this call trains")
+    if len(by_code) < 2:
+        return {}
+    return {code_label(code): runs for code, runs in by_code.items()}
+
+
+def check_code(records: dict, current, allowed: bool) -> None:
+    """A table holds the runs of one code unless ``--mixed_code``: ``ComparisonError``
+    naming each code and its runs otherwise."""
+    differences = code_differences(records, current)
+    if differences and not allowed:
+        listing = "; ".join(
+            f"{label}: {', '.join(runs[:4])}{', ...' if len(runs) > 4 else ''}"
+            for label, runs in differences.items()
+        )
+        raise ComparisonError(
+            f"the comparison's runs are of different code ({listing}); pass --mixed_code to "
+            "table them together (the tables then name each run's code), or delete the runs "
+            "of one code to redo them"
+        )
+
+
+def code_note(records: dict) -> str:
+    """The tables' paragraph naming each run's code, when they are of several (runs
+    tabled with ``--mixed_code``, or segments of one run continued across commits)."""
+    differences = code_differences(records, segments=True)
+    if not differences:
+        return ""
+    listing = "; ".join(f"{label}: {', '.join(runs)}" for label, runs in differences.items())
+    return f"\n**Code.** These runs were made by different code: {listing}.\n"
+
+
 def check_out_dir(out: Path, settings: dict, dataset_sha256: str | None = None) -> None:
     """Every run stored in ``out`` must have been made with ``settings`` and on the data
     whose fingerprint is ``dataset_sha256``: an output folder holds one comparison, never
