@@ -128,10 +128,77 @@ def coverage_markdown(root: Path = ROOT) -> str:
     return head + "\n\n" + "\n".join(lines) + "\n"
 
 
-def readme_block(text: str) -> str | None:
-    if START not in text or END not in text:
+def trust_lines(root: Path = ROOT) -> str:
+    """ "Should I trust model X?": for each model with a published cell, one line of what
+    the stored runs show beside it (dataset, protocol, seeds, loss, difference from the
+    figure), or that none is stored; facts from the run files, no verdict."""
+    import re
+
+    runs = stored_runs(root)
+    by_model: dict[str, list[str]] = {}
+    cells = published_cells(root)
+    plain = {cell["row"] for cell in cells if " [" not in cell["row"]}
+    for cell in cells:
+        model = cell["row"].split(" [")[0]
+        lines = by_model.setdefault(model, [])
+        variant = cell["row"][len(model) :].strip()
+        if variant and model in plain:
+            continue  # an ablation row of a model with its own row: the table has it
+        matching = {}
+        for run in runs:
+            key = (run["dataset"], run["row"], run["protocol"])
+            if key == (cell["dataset"], cell["row"], cell["protocol"]):
+                matching.setdefault(run["seed"], run)
+        if not matching:
+            continue
+        metric = METRIC if METRIC in cell["figure"] else next(iter(cell["figure"]))
+        mean = sum(r["test"][metric] for r in matching.values()) / len(matching)
+        figure = cell["figure"][metric]
+        losses = " / ".join(sorted({r["loss"] for r in matching.values()}))
+        paper = re.match(r"[^(,]+", cell["table"]).group().strip()
+        table = re.search(r"Tables? [\d-]+", cell["table"])
+        lines.append(
+            f"{cell['dataset']}{' ' + variant if variant else ''} ({cell['protocol']}, "
+            f"{len(matching)} seed{'s' if len(matching) > 1 else ''}, {losses}): {metric} "
+            f"{(mean - figure) / figure:+.1%} from {paper}{' ' + table.group() if table else ''}"
+        )
+    from recbole_freq.utils.command import PLUGIN_MODEL_NAMES
+
+    text = []
+    for model in PLUGIN_MODEL_NAMES:
+        if model not in by_model:
+            text.append(
+                f"- **{model}**: no published figure in properties/reference/ to set its runs "
+                "beside (its measurements, if any: benchmarks/results/README.md)."
+            )
+    for model in sorted(by_model):
+        found = by_model[model]
+        text.append(
+            f"- **{model}**: "
+            + ("; ".join(found) if found else "no stored run beside a published figure yet")
+            + "."
+        )
+    head = (
+        "What the stored runs show beside each model's published figures (generated from "
+        "the run files by `python benchmarks/coverage.py --write`; the loss is the runs', "
+        "which may not be the paper row's: `benchmarks/results/README.md`, coverage table):"
+    )
+    return head + "\n\n" + "\n".join(text) + "\n"
+
+
+TRUST_FILES = (ROOT / "docs" / "models.md",)
+TRUST_START, TRUST_END = "<!-- trust:start -->", "<!-- trust:end -->"
+
+
+def readme_block(text: str, start: str = START, end: str = END) -> str | None:
+    if start not in text or end not in text:
         return None
-    return text.split(START, 1)[1].split(END, 1)[0].strip("\n") + "\n"
+    return text.split(start, 1)[1].split(end, 1)[0].strip("\n") + "\n"
+
+
+def replaced_block(text: str, block: str, start: str, end: str) -> str:
+    before, rest = text.split(start, 1)
+    return f"{before}{start}\n{block}{end}{rest.split(end, 1)[1]}"
 
 
 def main(argv=None) -> int:
@@ -140,25 +207,25 @@ def main(argv=None) -> int:
     action.add_argument("--write", action="store_true", help="write it into the results README")
     action.add_argument("--check", action="store_true", help="exit 1 if the README differs")
     args = parser.parse_args(argv)
-    table = coverage_markdown()
-    if not (args.write or args.check):
-        print(table, end="")
-        return 0
-    text = README.read_text(encoding="utf-8")
-    if args.check:
-        if readme_block(text) != table:
-            print(f"{README}: its coverage table is not what the run files give; run "
-                  "python benchmarks/coverage.py --write", file=sys.stderr)  # fmt: skip
-            return 1
-        return 0
-    if readme_block(text) is None:
-        print(f"{README} has no {START} ... {END} block", file=sys.stderr)
-        return 2
-    before, rest = text.split(START, 1)
-    after = rest.split(END, 1)[1]
     from recbole_freq.utils.files import write_atomic
 
-    write_atomic(README, f"{before}{START}\n{table}{END}{after}")
+    blocks = [(README, coverage_markdown(), START, END)]
+    blocks += [(path, trust_lines(), TRUST_START, TRUST_END) for path in TRUST_FILES]
+    if not (args.write or args.check):
+        for _, block, _, _ in blocks:
+            print(block)
+        return 0
+    for path, block, start, end in blocks:
+        text = path.read_text(encoding="utf-8")
+        if readme_block(text, start, end) is None:
+            print(f"{path} has no {start} ... {end} block", file=sys.stderr)
+            return 2
+        if args.check and readme_block(text, start, end) != block:
+            print(f"{path}: its generated block is not what the run files give; run "
+                  "python benchmarks/coverage.py --write", file=sys.stderr)  # fmt: skip
+            return 1
+        if args.write:
+            write_atomic(path, replaced_block(text, block, start, end))
     return 0
 
 

@@ -36,3 +36,5 @@ def test_the_indexs_coverage_table_is_what_the_run_files_give():
     spec.loader.exec_module(coverage)
     block = coverage.readme_block((RESULTS / "README.md").read_text(encoding="utf-8"))
     assert block == coverage.coverage_markdown(), "run: python benchmarks/coverage.py --write"
+    # docs/models.md's "Should I trust model X?" lines come from the same files.
+    assert coverage.main(["--check"]) == 0
