@@ -243,3 +243,41 @@ def test_legends_name_checkpoints_by_labels_or_numbered_models(checkpoints, tmp_
     assert main([*args, "--labels", "only-one"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--labels names 1 checkpoint(s) for the 2 given" in err[0]
+
+
+def test_legends_and_labels_cover_no_panel_title_or_label(checkpoints):
+    """Issue 69: spectral_response's legend covered the y label and part of a panel, and
+    in bsarec_beta a panel's x label ran into the next panel's title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from recbole_freq.jobs.analyze import figures
+    from recbole_freq.jobs.analyze.measures import analyse_checkpoint, label_results
+
+    results = [analyse_checkpoint(checkpoints[m], max_sequences=20) for m in ("BSARec", "BSARec")]
+    label_results(results)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+
+    def overlap(a, b):
+        return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+    drawn = dict(figures.FIGURES)
+    spectral = drawn["spectral_response.png"](plt, results, colors)
+    spectral.canvas.draw()
+    renderer = spectral.canvas.get_renderer()
+    (legend,) = spectral.legends or [a.get_legend() for a in spectral.axes if a.get_legend()]
+    legend = legend.get_window_extent(renderer)
+    for axis in spectral.axes:
+        assert not overlap(legend, axis.get_window_extent(renderer))
+        assert not overlap(legend, axis.yaxis.label.get_window_extent(renderer))
+    plt.close(spectral)
+    beta = drawn["bsarec_beta.png"](plt, results, colors)
+    beta.canvas.draw()
+    renderer = beta.canvas.get_renderer()
+    panels = [axis for axis in beta.axes if axis.get_title()]
+    for upper, lower in zip(panels, panels[1:]):
+        below = upper.xaxis.label.get_window_extent(renderer)
+        assert not overlap(below, lower.title.get_window_extent(renderer))
+    plt.close(beta)

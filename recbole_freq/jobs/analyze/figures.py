@@ -84,7 +84,13 @@ def _spectral_response(plt, results, colors):
         axis.set_xlabel("frequency (cycles per position)")
         axis.grid(alpha=0.3)
     axes[0, 0].set_ylabel("|M f_k| / |f_k|")
-    axes[0, 0].legend(fontsize=7)
+    figure.tight_layout()
+    # Below the panels: inside the first one it covered its y label and curves.
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    figure.legend(
+        handles, labels, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+        ncol=min(3, max(1, len(labels))), frameon=False,
+    )  # fmt: skip
     _title(figure, "Spectral response of the attention matrices (BSARec Fig. 2b)", results)
     return figure
 
@@ -155,6 +161,7 @@ def _bsarec_beta(plt, results, colors):
         axis.set_yticks(range(len(result["bsarec_beta"])))
         axis.set_yticklabels(range(1, len(result["bsarec_beta"]) + 1))
         figure.colorbar(image, ax=axis)
+    figure.tight_layout()  # each panel's x label clear of the next panel's title
     _title(figure, "BSARec's learned beta", with_beta)
     return figure
 
