@@ -222,6 +222,22 @@ def test_a_stopped_segment_leaves_no_checkpoint_without_a_summary(small_config, 
     )
 
 
+def test_a_resumed_run_logs_into_its_first_log(small_config, tmp_path, monkeypatch):
+    """Issue 69: a run stopped twice left three logs; each resumed segment now appends to
+    the first one, after a line naming the segment."""
+    interrupt_at_epoch(monkeypatch, 2)
+    with pytest.raises(RunInterrupted):
+        run("SASRec", "tiny", config_dict=dict(small_config, epochs=3, state="INFO"))
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)  # undo() also left the test's folder (RecBole logs to ./log)
+    (state,) = Path(small_config["checkpoint_dir"]).glob("*.resume.pth")
+    resume_run(state)
+    (log,) = (tmp_path / "log" / "SASRec").glob("*.log")
+    text = log.read_text()
+    assert "---- segment 2 of this run (resumed) ----" in text
+    assert text.index("resumed from") > text.index("segment 2 of this run")
+
+
 def _start(argv, cwd, env=None):
     import subprocess
     import sys

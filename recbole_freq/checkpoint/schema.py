@@ -110,6 +110,8 @@ RESUME_STATE = {
     ),
     "rng": (True, lambda value: isinstance(value, dict)),
     "loader_generators": (True, lambda value: isinstance(value, list)),
+    # The run's log, which its later segments append to (absent in earlier versions).
+    "log_file": (False, _optional(lambda value: isinstance(value, str))),
 }
 
 

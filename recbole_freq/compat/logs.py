@@ -125,6 +125,54 @@ def current_log_file() -> str | None:
     return None
 
 
+def continue_log(recorded, segment: int) -> None:
+    """A resumed run's segment logs into the run's first log file, after a line saying
+    where it begins (each segment left a log of its own: three for a run stopped twice).
+    ``recorded``: the log its resume state names, used only if it is a regular file (not
+    a link) inside this folder's ``log/``, where RecBole writes them; what this segment
+    logged before it knew (its settings) moves over, and its own new file goes."""
+    import os
+    import stat
+    from pathlib import Path
+
+    current = current_log_file()
+    if not isinstance(recorded, str) or current is None:
+        return
+    target = Path(os.path.abspath(recorded))
+    logs = Path(os.path.abspath("log"))
+    try:
+        mode = os.lstat(target).st_mode
+    except OSError:
+        return  # the first segment ran elsewhere: this one keeps its own log
+    if logs not in target.parents or not stat.S_ISREG(mode) or str(target) == current:
+        return
+    root = logging.getLogger()
+    handler = next(
+        (
+            h
+            for h in root.handlers
+            if hasattr(h, _RUN_HANDLER_FLAG) and getattr(h, "baseFilename", None) == current
+        ),
+        None,
+    )
+    if handler is None:
+        return
+    handler.flush()
+    with open(current, encoding="utf-8") as source, open(target, "a", encoding="utf-8") as log:
+        log.write(f"\n---- segment {segment} of this run (resumed) ----\n")
+        log.write(source.read())
+    appended = logging.FileHandler(target, mode="a", encoding="utf-8")
+    appended.setLevel(handler.level)
+    appended.setFormatter(handler.formatter)
+    for kept in handler.filters:
+        appended.addFilter(kept)
+    setattr(appended, _RUN_HANDLER_FLAG, True)
+    root.removeHandler(handler)
+    handler.close()
+    root.addHandler(appended)
+    os.unlink(current)
+
+
 def give_each_run_its_own_log() -> None:
     when_imported("recbole.utils.logger", _patch_logger)
     when_imported("recbole.utils", _patch_logger_export)

@@ -24,7 +24,7 @@ from recbole.data.utils import create_samplers, get_dataloader
 from recbole.utils import ModelType, dict2str, get_flops, init_logger, init_seed, set_color
 
 from recbole_freq.checkpoint.loader import weights_fingerprint
-from recbole_freq.compat.logs import current_log_file
+from recbole_freq.compat.logs import continue_log, current_log_file
 from recbole_freq.config.configurator import FreqConfig, get_model_class
 from recbole_freq.data.guard import check_prepared, dataset_fingerprint
 from recbole_freq.data.noise import corrupt_training_data
@@ -365,6 +365,7 @@ def keep_resume_state(config, saved, trainer, loaders, resume_file, state, deadl
                 + "); delete it to start this run afresh"
             )
         apply_resume_state(state, trainer, loaders)
+        continue_log(state.get("log_file"), trainer.segments)
         logging.getLogger().info(f"resumed from {resume_file} at epoch {trainer.start_epoch}")
     return resume_file
 

@@ -97,6 +97,7 @@ def _set_rng_state(state: dict) -> None:
 def save_resume_state(path, trainer, loaders, next_epoch: int) -> None:
     """Write the state before epoch ``next_epoch`` (all earlier epochs complete)."""
     from recbole_freq.checkpoint.schema import to_plain_checkpoint
+    from recbole_freq.compat.logs import current_log_file
     from recbole_freq.utils.files import write_atomic
     from recbole_freq.utils.reproducibility import environment_record
 
@@ -116,6 +117,8 @@ def save_resume_state(path, trainer, loaders, next_epoch: int) -> None:
         "elapsed_seconds": elapsed_seconds(trainer),
         "segments": trainer.segments,
         "environments": [*trainer.earlier_environments, environment_record(trainer.config)],
+        # The later segments append to this run's log (compat.logs.continue_log).
+        "log_file": current_log_file(),
         "rng": _rng_state(),
         "loader_generators": [loader.generator.get_state() for loader in loaders],
     }
