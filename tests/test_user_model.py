@@ -250,3 +250,23 @@ def test_an_entrys_own_settings_file_reaches_that_entry_alone(small_config, tmp_
     ]
     assert main([*bad, *cli_args(overrides_of(small_config))]) == 2
     assert "must be a plain name" in capsys.readouterr().err
+
+
+def test_a_setting_the_users_model_reads_but_nobody_set_is_named(
+    small_config, tmp_path, monkeypatch, capsys
+):
+    """Issue 69: a model whose yaml lacked a setting failed with "TypeError: unsupported
+    operand type(s) for *: 'NoneType' and 'int'", naming no setting."""
+    (tmp_path / "scaled.py").write_text(
+        "from user_models.lowpass import LowPassSASRec\n\n\n"
+        "class ScaledLowPass(LowPassSASRec):\n"
+        "    def __init__(self, config, dataset):\n"
+        "        super().__init__(config, dataset)\n"
+        "        self.scale = config['lp_scale'] * 2\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ["--model=scaled:ScaledLowPass", "--dataset=tiny", *cli_args(small_config)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "settings its code reads are not set: lp_scale (give them" in err[0]
+    assert main([*args, "--lp_scale=0.5"]) == 0

@@ -10,9 +10,11 @@ one ``--model`` apart.  The command line (``recbole_freq.cli``) and the other jo
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -505,11 +507,36 @@ def build_model(config, dataset):
     except ValueError:
         raise  # the plugin's models already say what is wrong
     except (ArithmeticError, AssertionError, LookupError, RuntimeError, TypeError) as error:
+        unset = _unset_settings_read_by(model_class, config)
+        if unset:
+            raise ModelBuildError(
+                f"{config['model']} cannot be built: settings its code reads are not set: "
+                f"{', '.join(unset)} (give them in {config['model']}.yaml beside its module, "
+                f"--config_files or the command line; {type(error).__name__}: {error})"
+            ) from error
         raise ModelBuildError(
             f"{config['model']} cannot be built with these settings: "
             f"{type(error).__name__}: {error or 'assertion failed'}"
         ) from error
     return model.to(config["device"])
+
+
+def _unset_settings_read_by(model_class, config) -> list[str]:
+    """The settings a researcher's own model class's module reads (``config["key"]``)
+    that no file or flag set: the likely cause of a ``None`` deep in its constructor."""
+    from recbole_freq.config.settings import _keys_read_in
+    from recbole_freq.config.user_models import is_user_model
+
+    unset = []
+    for klass in model_class.__mro__:
+        if not is_user_model(klass):
+            continue
+        try:
+            source = inspect.getsource(sys.modules[klass.__module__])
+        except (KeyError, OSError, TypeError):
+            continue
+        unset += [key for key in sorted(_keys_read_in(source)) if config[key] is None]
+    return list(dict.fromkeys(unset))
 
 
 def log_flops(config, model, dataset, logger) -> None:
