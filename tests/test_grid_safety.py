@@ -601,3 +601,14 @@ def test_runs_of_different_code_share_a_table_only_when_asked(small_config, tmp_
     table = (out / "comparison.md").read_text()
     assert "**Code.** These runs were made by different code" in table
     assert "0123456789: SASRec-seed1" in table
+
+
+def test_unfinished_md_shows_a_missing_best_epoch_as_a_dash():
+    """Issue 69: a run with no validated epoch yet showed its best epoch as "None"."""
+    from recbole_freq.jobs.compare.unfinished import unfinished_markdown
+
+    row = {"model": "SASRec", "seed": 1, "epochs_stored": 1, "best_epoch": None, "valid_metric": "NDCG@20",
+           "best_valid_score": None, "last_valid_score": None, "train_hours": 0.1,
+           "curve": [], "valid_ndcg@20": None}  # fmt: skip
+    text = unfinished_markdown([row], [], ["ndcg@20"])
+    assert "| SASRec | 1 | 1 | - | - | - | - | 0.10 |" in text and "None" not in text

@@ -83,7 +83,8 @@ def unfinished_markdown(rows: list[dict], not_started: list[str], metrics: list[
     ]
     for row in rows:
         cells = [row["model"], str(row["seed"]), str(row["epochs_stored"])]
-        cells += [str(row["best_epoch"]), _number(row["best_valid_score"])]
+        best = row["best_epoch"]
+        cells += ["-" if best is None else str(best), _number(row["best_valid_score"])]
         cells += [_number(row["last_valid_score"])]
         cells += [_number(row[f"valid_{m}"]) for m in metrics]
         lines.append("| " + " | ".join(cells + [_number(row["train_hours"], 2)]) + " |")
