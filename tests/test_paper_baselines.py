@@ -269,7 +269,8 @@ def test_an_unknown_loss_variant_is_refused_before_training(lastfm_like, tmp_pat
     from recbole_freq.jobs.compare import ComparisonError, compare
 
     with pytest.raises(
-        ComparisonError, match="after '@' name a protocol, variant=<name> or one of"
+        ComparisonError,
+        match="after '@' name a protocol, variant=<name>, config=<file.yaml> or one of",
     ):
         compare(f"BSARec,{entry}", "lastfm", seeds="1", out=tmp_path / "cmp", log=print)
 

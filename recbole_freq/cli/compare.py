@@ -202,25 +202,29 @@ def cli(argv: list[str]) -> int:
                 file=sys.stderr,
             )
             return TIME_LIMIT_EXIT
-        stopped = "unfinished" if args.status else "stopped at the time limit"
-        if "grid" in result["files"]:
-            tables = (
-                "grid.md holds the runs stored so far, and a dataset's comparison table "
-                "comes once all its runs are stored"
-            )
-        else:  # a mean over the seeds stored so far would read as the row's result
-            tables = (
-                "unfinished.md shows where each run stands; the comparison table comes "
-                "once every run is stored"
-            )
-        print(
-            f"{len(result['stopped'])} run(s) {stopped} and "
-            f"{len(result['not_started'])} not started; {tables}. Continue with: "
-            f"{invoked_command()} {command}",
-            file=sys.stderr,
-        )
+        print(_runs_left_line(result, args.status, command), file=sys.stderr)
         return TIME_LIMIT_EXIT
     return 0
+
+
+def _runs_left_line(result: dict, status: bool, command: str) -> str:
+    """What a comparison with runs left says: how many, what it wrote, how to go on."""
+    stopped = "unfinished" if status else "stopped at the time limit"
+    if "grid" in result["files"]:
+        tables = (
+            "grid.md holds the runs stored so far, and a dataset's comparison table "
+            "comes once all its runs are stored"
+        )
+    else:  # a mean over the seeds stored so far would read as the row's result
+        tables = (
+            "unfinished.md shows where each run stands; the comparison table comes "
+            "once every run is stored"
+        )
+    return (
+        f"{len(result['stopped'])} run(s) {stopped} and "
+        f"{len(result['not_started'])} not started; {tables}. Continue with: "
+        f"{invoked_command()} {command}"
+    )
 
 
 def parse_duration(text: str) -> float:

@@ -240,7 +240,7 @@ def run_config(
     log_unused_settings(config, logger)
 
     recbole_dataset, loaders = checked_data(config, logger)
-    train_data, valid_data, test_data = loaders
+    train_data, _, test_data = loaders
 
     model = new_model(config, train_data)
     logger.info(model)
@@ -251,16 +251,7 @@ def run_config(
     resume_file = keep_resume_state(config, saved, trainer, loaders, resume_file, state, deadline)
 
     try:
-        try:
-            best_valid_score, best_valid_result = trainer.fit(
-                train_data, valid_data, saved=saved, show_progress=config["show_progress"]
-            )
-        except KeyboardInterrupt as interrupt:
-            drop_segment_checkpoint(trainer, resume_file)
-            raise RunInterrupted(_interrupted_training(trainer, resume_file)) from interrupt
-        except TimeLimitReached:
-            drop_segment_checkpoint(trainer, resume_file)
-            raise
+        best_valid_score, best_valid_result = _fit(trainer, loaders, config, saved, resume_file)
         test_result = trainer.evaluate(
             test_data, load_best_model=saved, show_progress=config["show_progress"]
         )
@@ -295,6 +286,21 @@ def run_config(
     if resume_file is not None and resume_file.exists() and not leave_resume_state:
         resume_file.unlink()
     return summary
+
+
+def _fit(trainer, loaders, config, saved: bool, resume_file):
+    """``trainer.fit``; a stop (Ctrl-C, the time limit) leaves the resume state and no
+    checkpoint of this segment (``drop_segment_checkpoint``)."""
+    try:
+        return trainer.fit(
+            loaders[0], loaders[1], saved=saved, show_progress=config["show_progress"]
+        )
+    except KeyboardInterrupt as interrupt:
+        drop_segment_checkpoint(trainer, resume_file)
+        raise RunInterrupted(_interrupted_training(trainer, resume_file)) from interrupt
+    except TimeLimitReached:
+        drop_segment_checkpoint(trainer, resume_file)
+        raise
 
 
 def drop_segment_checkpoint(trainer, resume_file) -> None:
