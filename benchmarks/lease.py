@@ -168,19 +168,13 @@ def progress(root: Path, item: dict) -> dict:
 
 def snapshot(root: Path) -> dict[str, str]:
     """relative path -> sha256 of every file under ``benchmarks/results/``."""
+    from dataset_prep.atomic import file_sha256
+
     found = {}
     for path in sorted((root / RESULTS).rglob("*")):
         if path.is_file() and not path.is_symlink() and not path.name.endswith(".tmp"):
-            found[path.relative_to(root).as_posix()] = sha256_of(path)
+            found[path.relative_to(root).as_posix()] = file_sha256(path)
     return found
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def compare_command(python: str, root: Path, item: dict, seconds: int, args) -> list[str]:
