@@ -14,8 +14,11 @@ row ``BSARec [only-self-attention]``).  Each seed counts once (the same run stor
 folders is one).  For each cell: the seeds stored, whether every one was trained with
 ``--paper`` (the paper's settings for that model and dataset), the loss the runs
 record (a paper row trained with another loss is not that row), the mean test NDCG@20
-(else the first metric the figure gives) and its difference from the figure.  The
-README's table is this script's output (``tests/test_stored_results.py`` checks it).
+(else the first metric the figure gives) and its difference from the figure.  A run
+stored before one of its model's settings existed, where today's default is not what the
+code did then (``SETTINGS_BEFORE_THEY_EXISTED``: PolyRec's ``trc_skip``), is named with
+the value it was trained with: its ``--paper`` was that of its day.  The README's table
+is this script's output (``tests/test_stored_results.py`` checks it).
 """
 
 from __future__ import annotations
@@ -31,6 +34,21 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "benchmarks" / "results" / "README.md"
 START, END = "<!-- coverage:start -->", "<!-- coverage:end -->"
 METRIC = "ndcg@20"
+
+
+def settings_of_its_day(record: dict, root: Path = ROOT) -> list[str]:
+    """``key value`` for each setting the run predates whose default has changed since."""
+    from recbole_freq.jobs.compare.runs import SETTINGS_BEFORE_THEY_EXISTED
+
+    config = record["summary"].get("config") or {}
+    model = record["model"].split("@")[0]
+    properties = root / "properties" / "model" / f"{model}.yaml"
+    today = yaml.safe_load(properties.read_text(encoding="utf-8")) if properties.is_file() else {}
+    return [
+        f"{key} {then}"
+        for key, then in SETTINGS_BEFORE_THEY_EXISTED.items()
+        if key not in config and key in (today or {}) and str(today[key]) != str(then)
+    ]
 
 
 def stored_runs(root: Path = ROOT) -> list[dict]:
@@ -52,6 +70,7 @@ def stored_runs(root: Path = ROOT) -> list[dict]:
                 "seed": record["seed"],
                 "protocol": comparable_label(protocol["label"]),
                 "paper": bool(record["settings"].get("paper")),
+                "then": settings_of_its_day(record, root),
                 "loss": recorded_loss(summary),
                 "test": summary["test_result"],
                 "folder": path.parent.parent.relative_to(
@@ -113,6 +132,9 @@ def coverage_markdown(root: Path = ROOT) -> str:
         seeds = ", ".join(str(run["seed"]) for run in sorted(matching, key=lambda r: r["seed"]))
         folders = ", ".join(sorted({f"`{run['folder']}`" for run in matching}))
         paper = "yes" if all(run["paper"] for run in matching) else "no"
+        then = sorted({item for run in matching for item in run["then"]})
+        if then:
+            paper += f" (of its day: {', '.join(then)})"
         loss = " / ".join(sorted({run["loss"] for run in matching}))
         lines.append(
             f"| {cell['table']} | {cell['protocol']} | {cell['row']} | {len(matching)} ({seeds}) "
@@ -155,6 +177,7 @@ def trust_lines(root: Path = ROOT) -> str:
         mean = sum(r["test"][metric] for r in matching.values()) / len(matching)
         figure = cell["figure"][metric]
         losses = " / ".join(sorted({r["loss"] for r in matching.values()}))
+        losses += "".join(sorted({f", {item}" for r in matching.values() for item in r["then"]}))
         paper = re.match(r"[^(,]+", cell["table"]).group().strip()
         table = re.search(r"Tables? [\d-]+", cell["table"])
         lines.append(

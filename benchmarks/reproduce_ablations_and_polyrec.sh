@@ -5,7 +5,8 @@
 #   ablations (only A, only A_IB, scalar beta) and FBSARec's six fusion variants (thesis
 #   Tables 1-6), the Improv. rows against BSARec;
 # - OUT_DIR/beauty-polyrec: amazon-beauty, --paper, protocol recbole: PolyRec beside
-#   DuoRec and FEARec with their authors' settings.
+#   DuoRec and FEARec with their authors' settings (PolyRec in today's --paper reading of
+#   eq. 13; the stored folder's PolyRec run is the reading before, trc_skip truncated).
 # SEEDS (default 42) are the seeds of both; PARALLEL (default 1) the runs each command
 # packs at once (auto on a lent GPU machine). DATA_PATH holds lastfm/ and amazon-beauty/
 # prepared from the papers' one-line files (README, "Reproducing the papers' tables").

@@ -2,9 +2,9 @@
 # The runs of issue "PolyRec and Rec-Denoiser as their papers describe them", side by side:
 #   benchmarks/reproduce_polyrec_readings_and_denoiser_ablations.sh DATA_PATH OUT_DIR [SECONDS]
 # - OUT_DIR/beauty-polyrec-readings: amazon-beauty, --paper, protocol recbole: PolyRec's
-#   three readings of eq. 13 (trc_skip: today's truncated skip, skip-identity-and-truncated,
-#   skip-bsarec-mix) and the count baselines, seed 42 (PolyRec's stored run under today's
-#   reading can be copied into runs/ first: same settings, it is then not trained again);
+#   three readings of eq. 13 (trc_skip: skip-truncated, the reading before issue 66;
+#   skip-identity-and-truncated, the reading since; skip-bsarec-mix) and the count
+#   baselines, POLYREC_SEEDS (the chosen reading's seeds 43 and 44: the folder README);
 # - OUT_DIR/beauty-recdenoiser-ablations: amazon-beauty, --paper (the Rec-Denoiser paper's
 #   protocol sasrec, n 25), patience 30 (stopping_step 30, at most 200 epochs): SASRec,
 #   RecDenoiser and its frozen-masks, without-sparsity and jacobian-as-written rows, the
@@ -26,7 +26,7 @@ polyrec_seeds=${POLYREC_SEEDS:-42}
 denoiser_seeds=${DENOISER_SEEDS:-2020}
 parallel=${PARALLEL:-1}
 counts=TransitionCount,TransitionCount@variant=last-5
-readings=PolyRec,PolyRec@variant=skip-identity-and-truncated,PolyRec@variant=skip-bsarec-mix
+readings=PolyRec@variant=skip-truncated,PolyRec@variant=skip-identity-and-truncated,PolyRec@variant=skip-bsarec-mix
 ablations=SASRec,RecDenoiser,RecDenoiser@variant=frozen-masks,RecDenoiser@variant=without-sparsity,RecDenoiser@variant=jacobian-as-written
 
 launch beauty-polyrec-readings "$readings,$counts" --dataset=amazon-beauty --paper \

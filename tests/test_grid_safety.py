@@ -312,6 +312,31 @@ def test_runs_stored_under_another_property_file_are_not_mixed_into_a_row(
     assert not (out / "runs" / "BSARec-seed2.json").exists()
 
 
+def test_a_run_stored_before_a_setting_existed_is_held_to_what_the_code_did_then(
+    small_config, tmp_path, capsys
+):
+    """PolyRec's run files from before ``trc_skip`` existed do not record it; they were
+    trained with the identity skip replaced (``truncated``), no longer the default, so a
+    comparison continuing their folder refuses to put today's reading into their row."""
+    from recbole_freq.jobs.compare.runs import record_digest
+
+    out = tmp_path / "cmp"
+    overrides = overrides_of(small_config, epochs=1)
+    args = ["--compare", "PolyRec", "--dataset=tiny", "--out", str(out), *cli_args(overrides)]
+    assert main([*args, "--seeds", "1"]) == 0
+    path = out / "runs" / "PolyRec-seed1.json"
+    record = json.loads(path.read_text())
+    assert record["summary"]["config"]["trc_skip"] == "identity_and_truncated"
+    del record["summary"]["config"]["trc_skip"], record["digest"]
+    record["digest"] = record_digest(record)
+    path.write_text(json.dumps(record, indent=2))
+    capsys.readouterr()
+    assert main([*args, "--seeds", "1,2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "(trc_skip 'truncated' then, 'identity_and_truncated' now)" in err[0]
+    assert not (out / "runs" / "PolyRec-seed2.json").exists()
+
+
 def test_a_failed_run_ends_the_grid_in_one_line_with_its_tables_and_the_way_on(
     small_config, tmp_path, monkeypatch, capsys
 ):

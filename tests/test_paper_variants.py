@@ -36,12 +36,17 @@ OTHER = {
     "cl_weight": 0.2,
     "residual": "fourier_truncated",
     "attention_operator": "chebyshev",
-    "trc_skip": "truncated",
+    "trc_skip": "bsarec_mix",
     "count_last_k": 2,
     "mask_learning": "learned",
     "sparsity_beta": 0.05,
     "jacobian_normalization": "entry",
 }
+
+
+# Variants that name what the model does by default, so that a comparison's entry keeps
+# its meaning if the default changes.
+DEFAULT_VARIANTS = {("FBSARec", "fusion-bsa-sa"), ("PolyRec", "skip-identity-and-truncated")}
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +74,7 @@ def test_the_expected_files_exist():
     }
     assert len([1 for m, _ in PAPER_FILES if m == "FBSARec"]) == 6
     assert model_variants("BSARec") == ["only-inductive-bias", "only-self-attention", "scalar-beta"]
-    assert len(model_variants("FBSARec")) == 6 and len(model_variants("PolyRec")) == 5
+    assert len(model_variants("FBSARec")) == 6 and len(model_variants("PolyRec")) == 6
     assert model_variants("RecDenoiser") == [
         "frozen-masks", "jacobian-as-written", "without-denoiser", "without-sparsity"
     ]  # fmt: skip
@@ -94,8 +99,8 @@ def test_variant_sets_its_settings_over_the_paper_files(model, variant):
     assert config["variant"] == variant
     for key, value in settings.items():
         assert config[key] == value, key
-        # FBSARec's own default is its Table 4 variant
-        assert plain[key] != value or (model, variant) == ("FBSARec", "fusion-bsa-sa"), key
+        # FBSARec's own default is its Table 4 variant, PolyRec's its reading of eq. 13
+        assert plain[key] != value or (model, variant) in DEFAULT_VARIANTS, key
     assert protocol_label(config) == protocol_label(plain)
     # the command line still wins over a variant
     key = next(iter(settings))
@@ -103,6 +108,18 @@ def test_variant_sets_its_settings_over_the_paper_files(model, variant):
         model, dataset, paper=paper, cmd_overrides={"variant": variant, key: OTHER[key]}
     )
     assert overridden[key] == OTHER[key] != settings[key]
+
+
+def test_polyrec_takes_the_reading_of_eq13_chosen_on_beauty_validation():
+    """Issue 66: the identity skip kept beside the truncated one is PolyRec's reading,
+    with --paper on every dataset and without it; the reading used before is a variant."""
+    for dataset in ("amazon-beauty", "amazon-sports-outdoors", "ml-1m"):
+        assert FreqConfig("PolyRec", dataset, paper=True)["trc_skip"] == "identity_and_truncated"
+    assert FreqConfig("PolyRec", "lastfm")["trc_skip"] == "identity_and_truncated"
+    before = FreqConfig(
+        "PolyRec", "amazon-beauty", paper=True, cmd_overrides={"variant": "skip-truncated"}
+    )
+    assert before["trc_skip"] == "truncated"
 
 
 def test_tiny_runs_with_the_paper_files_and_a_variant(paper_named_data, tmp_path):
@@ -113,6 +130,7 @@ def test_tiny_runs_with_the_paper_files_and_a_variant(paper_named_data, tmp_path
         paper=True,
     )
     assert polyrec["protocol"]["label"] == "recbole" and polyrec["test_result"]["hit@10"] >= 0
+    assert polyrec["config"]["trc_skip"] == "identity_and_truncated"
     fused = run(
         "FBSARec",
         "lastfm",

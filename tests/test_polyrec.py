@@ -107,7 +107,9 @@ def test_polynomial_dropout_keeps_attention_row_stochastic():
 @pytest.mark.parametrize("seq_len,bins", [(50, 1), (50, 3), (50, 5), (50, 26), (49, 9), (12, 7)])
 def test_truncated_residual_keeps_exactly_c_bins(seq_len, bins):
     torch.manual_seed(bins)
-    residual = TruncatedResidual(8, seq_len, 0.0, 1e-12, alpha=0.5, bins=bins).double()
+    residual = TruncatedResidual(
+        8, seq_len, 0.0, 1e-12, alpha=0.5, bins=bins, reading="truncated"
+    ).double()
     with torch.no_grad():
         residual.spectral_filter.normal_()
     x = torch.randn(4, seq_len, 8, dtype=torch.float64, requires_grad=True)
@@ -127,7 +129,7 @@ def test_truncated_residual_keeps_exactly_c_bins(seq_len, bins):
     assert spectrum.shape[1] == seq_len // 2 + 1
     assert spectrum[:, bins:].abs().sum() < 1e-10  # no energy above C
     assert (spectrum[:, :bins].abs().sum(dim=(0, 2)) > 1e-3).all()  # all C bins kept
-    # eq. 13 before the LayerNorm that closes every sub-layer of the core.
+    # eq. 13 in the reading "truncated", before the LayerNorm that closes every sub-layer.
     f = torch.randn_like(x)
     expected = 0.5 * f + 0.5 * residual.truncated_skip(x)
     torch.testing.assert_close(residual(f, x), residual.layer_norm(expected))

@@ -38,3 +38,17 @@ def test_the_indexs_coverage_table_is_what_the_run_files_give():
     assert block == coverage.coverage_markdown(), "run: python benchmarks/coverage.py --write"
     # docs/models.md's "Should I trust model X?" lines come from the same files.
     assert coverage.main(["--check"]) == 0
+
+
+def test_a_run_from_before_a_default_changed_is_labelled_with_what_it_ran():
+    """PolyRec's stored Beauty run predates ``trc_skip`` and ran the reading ``truncated``,
+    today a variant: the index must not present it as today's ``--paper`` PolyRec."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("coverage_table", RESULTS.parent / "coverage.py")
+    coverage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(coverage)
+    rows = [
+        line for line in coverage.coverage_markdown().splitlines() if "| PolyRec | 1 (42)" in line
+    ]
+    assert rows and all("yes (of its day: trc_skip truncated)" in row for row in rows)

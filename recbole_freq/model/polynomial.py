@@ -150,8 +150,11 @@ class TruncatedResidual(nn.Module):
     - ``truncated``: eq. 13 with ``f(x)`` the bare sub-layer, the identity skip replaced
       by the truncated one: ``LayerNorm(alpha Dropout(f(x)) + (1 - alpha) T(x))``.  The
       newest item keeps only its share of a C-bin low-pass of the whole window.
-    - ``identity_and_truncated``: eq. 13 with ``f(x)`` the sub-layer with its standard
-      residual, so alpha balances the standard residual against the truncated one:
+    - ``identity_and_truncated`` (the default since the Beauty screening of issue 66:
+      it led the other two in validation NDCG@20 at every epoch from 2 to 21, then ran
+      level with ``bsarec_mix``; docs/models.md):
+      eq. 13 with ``f(x)`` the sub-layer with its standard residual, so alpha balances
+      the standard residual against the truncated one:
       ``LayerNorm(alpha (x + Dropout(f(x))) + (1 - alpha) T(x))``.
     - ``bsarec_mix``: the truncated skip as a second branch beside the sub-layer, each
       with its own dropout, identity skip and LayerNorm, mixed as BSARec eq. 5 mixes its
@@ -169,7 +172,7 @@ class TruncatedResidual(nn.Module):
 
     def __init__(
         self, hidden_size, max_seq_length, dropout_prob, layer_norm_eps, alpha, bins,
-        reading="truncated",
+        reading="identity_and_truncated",
     ):  # fmt: skip
         super().__init__()
         alpha, bins = _truncated_residual_options(alpha, bins, max_seq_length)
@@ -296,7 +299,7 @@ def _sublayer_names(value) -> tuple[str, ...]:
 
 
 def fourier_truncated_residual(
-    ctx, trc_alpha=0.5, trc_c=3, trc_sublayers=("attention",), trc_skip="truncated"
+    ctx, trc_alpha=0.5, trc_c=3, trc_sublayers=("attention",), trc_skip="identity_and_truncated"
 ):
     """The truncated residual, in the reading ``trc_skip``, on the sub-layers named in
     ``trc_sublayers`` (default the attention sub-layer, whose token mixing is what eq. 13

@@ -345,13 +345,21 @@ PLACE_SETTINGS = frozenset({
 })  # fmt: skip
 
 
+# Settings added after run files were first stored whose default is not what the code
+# did before they existed: a run file without the key was trained with this value.
+SETTINGS_BEFORE_THEY_EXISTED = {
+    "trc_skip": "truncated",  # PolyRec's reading of eq. 13 until issue 66
+}
+
+
 def check_stored_settings(
     out: Path, entries_seeds: list, effective: dict, dataset=None, labels=None
 ) -> None:
     """Every stored run of the comparison was trained with the settings its entry gets
     now, as far as its run file records them (``summary.config``; a setting added to the
-    plugin since is not in an older file and is not compared): a property file changed
-    between two calls would otherwise put runs of two settings into one row."""
+    plugin since is not in an older file and is compared only where its default differs
+    from what the code did before, ``SETTINGS_BEFORE_THEY_EXISTED``): a property file
+    changed between two calls would otherwise put runs of two settings into one row."""
     for entry, seed in entries_seeds:
         path = run_file(out, entry, seed)
         now = effective.get(entry)
@@ -363,6 +371,7 @@ def check_stored_settings(
         stored = record["summary"].get("config")
         if not isinstance(stored, dict):
             continue
+        stored = {**_implied_settings(now), **stored}
         differences = [
             f"{key} {stored[key]!r} then, {now[key]!r} now"
             for key in sorted(set(stored) & set(now))
@@ -375,6 +384,10 @@ def check_stored_settings(
                 "a property file or default changed since. Pick another --out, or delete "
                 f"the run files of {entry} to redo them with today's settings."
             )
+
+
+def _implied_settings(now: dict) -> dict:
+    return {key: value for key, value in SETTINGS_BEFORE_THEY_EXISTED.items() if key in now}
 
 
 def code_of(environment) -> tuple | None:
