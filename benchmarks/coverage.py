@@ -150,6 +150,21 @@ def coverage_markdown(root: Path = ROOT) -> str:
     return head + "\n\n" + "\n".join(lines) + "\n"
 
 
+def authors_log_models(root: Path = ROOT) -> dict[str, list[tuple[str, str]]]:
+    """Model -> ``(dataset, protocol)`` of the figures in properties/reference/ from its
+    authors' released runs (sources named "authors' log, ..."), which are not paper
+    tables."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for path in sorted((root / "properties" / "reference").glob("*.yaml")):
+        figures = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        for protocol, sources in figures.items():
+            for source in sources:
+                if source["name"].startswith("authors' log"):
+                    for row in source["rows"]:
+                        found.setdefault(row, []).append((path.stem, protocol))
+    return found
+
+
 def trust_lines(root: Path = ROOT) -> str:
     """ "Should I trust model X?": for each model with a published cell, one line of what
     the stored runs show beside it (dataset, protocol, seeds, loss, difference from the
@@ -188,8 +203,24 @@ def trust_lines(root: Path = ROOT) -> str:
     from recbole_freq.utils.command import PLUGIN_MODEL_NAMES
 
     text = []
+    logged = authors_log_models(root)
     for model in PLUGIN_MODEL_NAMES:
-        if model not in by_model:
+        if model in by_model:
+            continue
+        if model in logged:
+            beside = []
+            for dataset, protocol in logged[model]:
+                seeds = {
+                    run["seed"]
+                    for run in runs
+                    if (run["row"], run["dataset"], run["protocol"]) == (model, dataset, protocol)
+                }
+                beside.append(f"{dataset} ({protocol}): {len(seeds)} seed(s) of ours stored")
+            text.append(
+                f"- **{model}**: no paper table in properties/reference/, its authors' "
+                f"released runs only; {'; '.join(beside)} (`benchmarks/results/README.md`)."
+            )
+        else:
             text.append(
                 f"- **{model}**: no published figure in properties/reference/ to set its runs "
                 "beside (its measurements, if any: benchmarks/results/README.md)."

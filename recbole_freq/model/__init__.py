@@ -16,6 +16,7 @@ from recbole_freq.model.sequential_recommender import (
     RecDenoiser,
     TiSASRec,
     TransitionCount,
+    WEARec,
 )
 
 MODELS = {
@@ -33,6 +34,7 @@ MODELS = {
         RecDenoiser,
         BERT4RecDenoiser,
         TransitionCount,
+        WEARec,
     )
 }
 # Comparisons count these with RecBole's built-ins as baselines (the Improv. row).

@@ -4,8 +4,9 @@ Each paper contributes a piece and the registries below name them, so every comb
 is one config line away and no model file carries attention, LayerNorm or feed-forward
 code of its own:
 
-- ``TOKEN_MIXERS``: ``self_attention`` (SASRec-style blocks), ``bsa`` (BSARec eq. 5) or
-  ``filter`` (FMLP-Rec's learnable filter);
+- ``TOKEN_MIXERS``: ``self_attention`` (SASRec-style blocks), ``bsa`` (BSARec eq. 5),
+  ``filter`` (FMLP-Rec's learnable filter) or ``wavelet_fourier`` (WEARec's adaptive
+  Fourier filter beside a Haar wavelet branch; ``mixer_options``: ``adaptive``);
 - ``ATTENTION_OPERATORS`` (``attention_operator``): queries, keys and values -> ``A V``
   per head: ``softmax`` (BSARec eq. 1), ``chebyshev`` (PolyRec eq. 10-12), ``denoise``
   (Rec-Denoiser eq. 5), ``frequency_enhanced`` (FEARec's hybrid attention);
@@ -48,6 +49,7 @@ from recbole_freq.model.layers import (
     TransformerEncoder,
 )
 from recbole_freq.model.polynomial import ChebyshevAttention, fourier_truncated_residual
+from recbole_freq.model.wavelet import AdaptiveWaveletFilter
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,9 @@ RESIDUAL_PATHS: dict[str, Component] = {
     ),
 }
 
-TOKEN_MIXERS = ("self_attention", "bsa", "filter")
+TOKEN_MIXERS = ("self_attention", "bsa", "filter", "wavelet_fourier")
+# Token mixers without attention: they take no attention operator and no relations.
+ATTENTION_FREE_MIXERS = ("filter", "wavelet_fourier")
 BLOCK_NORMS = ("post", "sasrec_pre")
 
 
@@ -151,6 +155,7 @@ def build_encoder(
     learn_fusion_weights: bool = False,
     key_value_relations: bool = False,
     block_norm: str = "post",
+    mixer_options: dict | None = None,
 ) -> TransformerEncoder:
     """Assemble the encoder from configuration (the names are RecBole's config keys)."""
     operator, residual_path = _checked_components(
@@ -184,7 +189,7 @@ def build_encoder(
 
         mixer = _token_mixer(
             token_mixer, context, operator, operator_options or {}, residual_for, alpha, c,
-            beta_type,
+            beta_type, mixer_options or {},
         )  # fmt: skip
         feed_forward = FeedForward(
             hidden_size, inner_size, hidden_act, residual_for("feed_forward")
@@ -233,9 +238,9 @@ def _checked_components(
         )
     operator = _lookup(ATTENTION_OPERATORS, "attention_operator", attention_operator)
     residual_path = _lookup(RESIDUAL_PATHS, "residual", residual)
-    if key_value_relations and token_mixer == "filter":
+    if key_value_relations and token_mixer in ATTENTION_FREE_MIXERS:
         raise ValueError(
-            "time_intervals=True needs attention, and token_mixer='filter' (FMLP-Rec) has "
+            f"time_intervals=True needs attention, and token_mixer={token_mixer!r} has "
             "none; use a self-attention model"
         )
     if key_value_relations and not operator.accepts_relations:
@@ -247,13 +252,22 @@ def _checked_components(
     return operator, residual_path
 
 
-def _token_mixer(kind, context, operator, operator_options, residual_for, alpha, c, beta_type):
-    """The token mixer of one block: FMLP-Rec's learnable filter (``filter``),
-    self-attention with ``operator`` (``self_attention``), or BSARec's attention beside
-    the frequency rescaler (``bsa``, eq. 5)."""
+def _token_mixer(
+    kind, context, operator, operator_options, residual_for, alpha, c, beta_type, mixer_options
+):
+    """The token mixer of one block: FMLP-Rec's learnable filter (``filter``), WEARec's
+    adaptive wavelet filter (``wavelet_fourier``, ``n_heads`` heads, ``alpha`` the Fourier
+    branch's weight), self-attention with ``operator`` (``self_attention``), or BSARec's
+    attention beside the frequency rescaler (``bsa``, eq. 5)."""
     hidden_size, max_seq_length = context.hidden_size, context.max_seq_length
     if kind == "filter":
         return FilterMixer(LearnableFilter(max_seq_length, hidden_size), residual_for("filter"))
+    if kind == "wavelet_fourier":
+        wavelet = AdaptiveWaveletFilter(
+            max_seq_length, hidden_size, context.n_heads, alpha,
+            bool(mixer_options.get("adaptive", True)),
+        )  # fmt: skip
+        return FilterMixer(wavelet, residual_for("filter"))
     attention = MultiHeadSelfAttention(
         hidden_size,
         context.n_heads,

@@ -10,6 +10,7 @@ from recbole_freq.model.sequential_recommender.recdenoiser import RecDenoiser
 from recbole_freq.model.sequential_recommender.ssept import SSEPT
 from recbole_freq.model.sequential_recommender.tisasrec import TiSASRec
 from recbole_freq.model.sequential_recommender.transition_count import TransitionCount
+from recbole_freq.model.sequential_recommender.wearec import WEARec
 
 __all__ = [
     "BSARec",
@@ -23,5 +24,6 @@ __all__ = [
     "SSEPT",
     "TiSASRec",
     "TransitionCount",
+    "WEARec",
     "BERT4RecDenoiser",
 ]
