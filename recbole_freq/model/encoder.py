@@ -5,8 +5,10 @@ is one config line away and no model file carries attention, LayerNorm or feed-f
 code of its own:
 
 - ``TOKEN_MIXERS``: ``self_attention`` (SASRec-style blocks), ``bsa`` (BSARec eq. 5),
-  ``filter`` (FMLP-Rec's learnable filter) or ``wavelet_fourier`` (WEARec's adaptive
-  Fourier filter beside a Haar wavelet branch; ``mixer_options``: ``adaptive``);
+  ``filter`` (FMLP-Rec's learnable filter), ``slide_filter`` (SLIME4Rec's band filters;
+  ``mixer_options``: ``filter_mixer``, ``dynamic_ratio``, ``slide_mode``) or
+  ``wavelet_fourier`` (WEARec's adaptive Fourier filter beside a Haar wavelet branch;
+  ``mixer_options``: ``adaptive``);
 - ``ATTENTION_OPERATORS`` (``attention_operator``): queries, keys and values -> ``A V``
   per head: ``softmax`` (BSARec eq. 1), ``chebyshev`` (PolyRec eq. 10-12), ``denoise``
   (Rec-Denoiser eq. 5), ``frequency_enhanced`` (FEARec's hybrid attention);
@@ -37,6 +39,8 @@ from recbole_freq.model.frequency import (
     FrequencyEnhancedAttention,
     FrequencyRescaler,
     LearnableFilter,
+    SlideFilter,
+    slime4rec_bands,
 )
 from recbole_freq.model.layers import (
     FeedForward,
@@ -119,9 +123,9 @@ RESIDUAL_PATHS: dict[str, Component] = {
     ),
 }
 
-TOKEN_MIXERS = ("self_attention", "bsa", "filter", "wavelet_fourier")
+TOKEN_MIXERS = ("self_attention", "bsa", "filter", "slide_filter", "wavelet_fourier")
 # Token mixers without attention: they take no attention operator and no relations.
-ATTENTION_FREE_MIXERS = ("filter", "wavelet_fourier")
+ATTENTION_FREE_MIXERS = ("filter", "slide_filter", "wavelet_fourier")
 BLOCK_NORMS = ("post", "sasrec_pre")
 
 
@@ -182,7 +186,9 @@ def build_encoder(
             n_layers,
         )
 
-        def residual_for(sublayer: str, context=context) -> nn.Module:
+        def residual_for(sublayer: str, context=context, dropout=None) -> nn.Module:
+            if dropout is not None:  # a sub-layer whose paper drops out at another rate
+                context = replace(context, hidden_dropout_prob=dropout)
             return residual_path.factory(
                 replace(context, sublayer=sublayer), **(residual_options or {})
             )
@@ -255,13 +261,24 @@ def _checked_components(
 def _token_mixer(
     kind, context, operator, operator_options, residual_for, alpha, c, beta_type, mixer_options
 ):
-    """The token mixer of one block: FMLP-Rec's learnable filter (``filter``), WEARec's
+    """The token mixer of one block: FMLP-Rec's learnable filter (``filter``), SLIME4Rec's
+    band filters (``slide_filter``), WEARec's
     adaptive wavelet filter (``wavelet_fourier``, ``n_heads`` heads, ``alpha`` the Fourier
     branch's weight), self-attention with ``operator`` (``self_attention``), or BSARec's
     attention beside the frequency rescaler (``bsa``, eq. 5)."""
     hidden_size, max_seq_length = context.hidden_size, context.max_seq_length
     if kind == "filter":
         return FilterMixer(LearnableFilter(max_seq_length, hidden_size), residual_for("filter"))
+    if kind == "slide_filter":
+        options = dict(mixer_options)
+        bands = slime4rec_bands(
+            context.layer_index, context.n_layers, max_seq_length,
+            options.get("filter_mixer", "G"), float(options.get("dynamic_ratio", 0.8)),
+            options.get("slide_mode", "four"),
+        )  # fmt: skip
+        # the authors' filter layer drops out at attn_dropout_prob
+        residual = residual_for("filter", dropout=context.attn_dropout_prob)
+        return FilterMixer(SlideFilter(max_seq_length, hidden_size, bands), residual)
     if kind == "wavelet_fourier":
         wavelet = AdaptiveWaveletFilter(
             max_seq_length, hidden_size, context.n_heads, alpha,

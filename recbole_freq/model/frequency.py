@@ -1,7 +1,8 @@
 """Frequency-domain token mixers: BSARec's attentive inductive bias with its frequency
-rescaler (Shin et al., AAAI 2024, eq. 2, 7) and beyond-self-attention mixer (eq. 5), and
+rescaler (Shin et al., AAAI 2024, eq. 2, 7) and beyond-self-attention mixer (eq. 5),
 FMLP-Rec's learnable filter (Zhou et al., WWW 2022, the filter layer of its
-filter-enhanced blocks)."""
+filter-enhanced blocks), SLIME4Rec's slide filter (Du et al., ICDE 2023) and FEARec's
+frequency-enhanced attention (Du et al., SIGIR 2023)."""
 
 from __future__ import annotations
 
@@ -184,6 +185,90 @@ class FilterMixer(nn.Module):
 
     def forward(self, hidden, mask, wanted: Sequence[str], relations=None):
         return {"filter": self.residual(self.filter(hidden), hidden)}
+
+
+SLIDE_FILTER_MIXERS = ("G", "L", "M")
+SLIDE_MODES = {  # layer index -> (global band's slide index, local band's slide index)
+    "one": lambda i, n: (i, n - 1 - i),
+    "two": lambda i, n: (n - 1 - i, i),
+    "three": lambda i, n: (n - 1 - i, n - 1 - i),
+    "four": lambda i, n: (i, i),
+}
+
+
+def slime4rec_bands(
+    layer_index: int, n_layers: int, seq_len: int, filter_mixer: str, dynamic_ratio: float,
+    slide_mode: str = "four",
+) -> dict[str, range]:  # fmt: skip
+    """The rfft bins each filter of a SLIME4Rec layer keeps (Du et al., ICDE 2023, the
+    slide filter mixer), as the authors' ``FilterMixerLayer`` computes them, with
+    ``F = seq_len // 2 + 1`` bins: the global (dynamic) band is a window of
+    ``dynamic_ratio F`` bins that slides down by ``floor(F (1 - dynamic_ratio) /
+    (n_layers - 1))`` a layer, the local (static) band one of ``n_layers`` disjoint
+    windows of ``F / n_layers`` bins; both start at the highest bins, ``slide_mode``
+    sets which slide index each band takes at a layer.  ``filter_mixer`` ``G`` keeps
+    the global band, ``L`` the local one, ``M`` both (one filter each, summed)."""
+    if filter_mixer not in SLIDE_FILTER_MIXERS:
+        raise ValueError(
+            f"filter_mixer={filter_mixer!r} is unknown; choose from {list(SLIDE_FILTER_MIXERS)}"
+        )
+    if slide_mode not in SLIDE_MODES:
+        raise ValueError(f"slide_mode={slide_mode!r} is unknown; choose from {list(SLIDE_MODES)}")
+    if n_layers < 2:
+        raise ValueError(
+            f"SLIME4Rec's bands slide over n_layers - 1 steps: n_layers={n_layers} must be "
+            "at least 2"
+        )
+    if not 0.0 < dynamic_ratio <= 1.0:
+        raise ValueError(f"dynamic_ratio={dynamic_ratio} must lie in (0, 1]")
+    bins = seq_len // 2 + 1
+    global_index, local_index = SLIDE_MODES[slide_mode](layer_index, n_layers)
+    bands = {}
+    if filter_mixer in ("G", "M"):
+        step = (bins * (1 - dynamic_ratio)) // (n_layers - 1)
+        start = bins * (1 - dynamic_ratio) - global_index * step
+        bands["global"] = range(int(start), int(bins - global_index * step))
+    if filter_mixer in ("L", "M"):
+        width = (1 / n_layers) * bins  # the authors' order of operations, to the bit
+        start = bins * (1 - 1 / n_layers) - local_index * width
+        bands["local"] = range(int(start), int(bins - local_index * width))
+    return bands
+
+
+class SlideFilter(nn.Module):
+    """SLIME4Rec's slide filter (Du et al., ICDE 2023, the filter mixer of each layer):
+    ``irfft(sum_b M_b * rfft(X) * W_b)`` along the sequence, one learnable complex filter
+    ``W_b`` (one value per bin and hidden dimension, ``0.02 N(0, 1)`` at the start, as
+    FMLP-Rec's) for each band ``b`` of ``slime4rec_bands`` and ``M_b`` its 0/1 mask over
+    the bins.  Like FMLP-Rec's filter it mixes the whole window, padding included."""
+
+    def __init__(self, seq_len: int, hidden_size: int, bands: dict[str, range]):
+        super().__init__()
+        self.seq_len, self.band_ranges = seq_len, dict(bands)
+        bins = seq_len // 2 + 1
+        self.weights = nn.ParameterDict(
+            {
+                name: nn.Parameter(torch.randn(1, bins, hidden_size, 2) * 0.02)
+                for name in self.band_ranges
+            }
+        )
+        for name, band in self.band_ranges.items():
+            keep = torch.zeros(1, bins, 1)
+            keep[:, band.start : band.stop] = 1.0
+            self.register_buffer(f"{name}_mask", keep, persistent=False)
+
+    @keeps_float32
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        spectrum = torch.fft.rfft(hidden, dim=1, norm="ortho")
+        filtered = sum(
+            spectrum * getattr(self, f"{name}_mask") * torch.view_as_complex(weight)
+            for name, weight in self.weights.items()
+        )
+        return torch.fft.irfft(filtered, n=hidden.size(1), dim=1, norm="ortho")
+
+    def extra_repr(self) -> str:
+        bands = ", ".join(f"{name}=[{r.start}, {r.stop})" for name, r in self.band_ranges.items())
+        return f"seq_len={self.seq_len}, {bands}"
 
 
 def fearec_band(layer_index: int, n_layers: int, seq_len: int, global_ratio: float) -> range:

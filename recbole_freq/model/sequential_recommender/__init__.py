@@ -7,6 +7,7 @@ from recbole_freq.model.sequential_recommender.fearec import FEARec
 from recbole_freq.model.sequential_recommender.fmlprec import FMLPRec
 from recbole_freq.model.sequential_recommender.polyrec import PolyRec
 from recbole_freq.model.sequential_recommender.recdenoiser import RecDenoiser
+from recbole_freq.model.sequential_recommender.slime4rec import SLIME4Rec
 from recbole_freq.model.sequential_recommender.ssept import SSEPT
 from recbole_freq.model.sequential_recommender.tisasrec import TiSASRec
 from recbole_freq.model.sequential_recommender.transition_count import TransitionCount
@@ -21,6 +22,7 @@ __all__ = [
     "FMLPRec",
     "PolyRec",
     "RecDenoiser",
+    "SLIME4Rec",
     "SSEPT",
     "TiSASRec",
     "TransitionCount",
