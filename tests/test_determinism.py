@@ -42,7 +42,7 @@ def run_in_fresh_process(data: Path, out: Path, **settings) -> dict:
     config = dict(
         data_path=str(data),
         checkpoint_dir=str(out),
-        epochs=2,
+        epochs=1,
         train_batch_size=64,
         show_progress=False,
         state="WARNING",

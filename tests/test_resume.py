@@ -271,11 +271,15 @@ def test_sigterm_in_a_training_run_is_one_line_the_resume_command_and_143(small_
     assert last.startswith("interrupted: training stopped in epoch") and "--resume " in last
 
 
-def test_ctrl_c_while_starting_is_one_line_and_130(tmp_path):
+def test_ctrl_c_while_starting_is_one_line_and_130(small_config, tmp_path):
     import signal
     import time
 
-    process = _start(["--model=SASRec", "--dataset=tiny"], tmp_path)
+    # A prepared dataset and a long run: whenever the signal lands (imports, data,
+    # training), the run is still going; a missing dataset would end it with exit 2
+    # before a late signal on a fast or an idle machine.
+    argv = ["--model=SASRec", "--dataset=tiny", *cli(dict(small_config, epochs=500))]
+    process = _start(argv, tmp_path)
     time.sleep(0.4)  # torch and RecBole are still being imported
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=60)
