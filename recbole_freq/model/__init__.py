@@ -4,6 +4,7 @@ or, FEARec, because RecBole's draws its positives and delays with per-row Python
 
 from recbole_freq.model import sequential_recommender
 from recbole_freq.model.sequential_recommender import (
+    MUFFIN,
     SSEPT,
     BERT4RecDenoiser,
     BSARec,
@@ -33,6 +34,7 @@ MODELS = {
         SSEPT,
         PolyRec,
         SLIME4Rec,
+        MUFFIN,
         RecDenoiser,
         BERT4RecDenoiser,
         TransitionCount,

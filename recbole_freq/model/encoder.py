@@ -8,7 +8,10 @@ code of its own:
   ``filter`` (FMLP-Rec's learnable filter), ``slide_filter`` (SLIME4Rec's band filters;
   ``mixer_options``: ``filter_mixer``, ``dynamic_ratio``, ``slide_mode``) or
   ``wavelet_fourier`` (WEARec's adaptive Fourier filter beside a Haar wavelet branch;
-  ``mixer_options``: ``adaptive``);
+  ``mixer_options``: ``adaptive``), ``adaptive_global_filter`` and ``band_mixture``
+  (MUFFIN's global filter and band mixture, scaled by per-sequence gains that come with
+  every forward pass as ``relations``; ``mixer_options``: ``num_bands``,
+  ``freq_dropout_prob``);
 - ``ATTENTION_OPERATORS`` (``attention_operator``): queries, keys and values -> ``A V``
   per head: ``softmax`` (BSARec eq. 1), ``chebyshev`` (PolyRec eq. 10-12), ``denoise``
   (Rec-Denoiser eq. 5), ``frequency_enhanced`` (FEARec's hybrid attention);
@@ -32,6 +35,11 @@ from dataclasses import dataclass, replace
 
 from torch import nn
 
+from recbole_freq.model.band_mixture import (
+    AdaptiveGlobalFilter,
+    AdaptiveGlobalMixer,
+    BandMixtureMixer,
+)
 from recbole_freq.model.denoising import DenoisingMaskAttention
 from recbole_freq.model.frequency import (
     BeyondSelfAttentionMixer,
@@ -123,9 +131,10 @@ RESIDUAL_PATHS: dict[str, Component] = {
     ),
 }
 
-TOKEN_MIXERS = ("self_attention", "bsa", "filter", "slide_filter", "wavelet_fourier")
-# Token mixers without attention: they take no attention operator and no relations.
-ATTENTION_FREE_MIXERS = ("filter", "slide_filter", "wavelet_fourier")
+ATTENTION_FREE_MIXERS = (
+    "filter", "slide_filter", "wavelet_fourier", "adaptive_global_filter", "band_mixture",
+)  # fmt: skip
+TOKEN_MIXERS = ("self_attention", "bsa", *ATTENTION_FREE_MIXERS)
 BLOCK_NORMS = ("post", "sasrec_pre")
 
 
@@ -262,7 +271,8 @@ def _token_mixer(
     kind, context, operator, operator_options, residual_for, alpha, c, beta_type, mixer_options
 ):
     """The token mixer of one block: FMLP-Rec's learnable filter (``filter``), SLIME4Rec's
-    band filters (``slide_filter``), WEARec's
+    band filters (``slide_filter``), MUFFIN's filters (``adaptive_global_filter``,
+    ``band_mixture``), WEARec's
     adaptive wavelet filter (``wavelet_fourier``, ``n_heads`` heads, ``alpha`` the Fourier
     branch's weight), self-attention with ``operator`` (``self_attention``), or BSARec's
     attention beside the frequency rescaler (``bsa``, eq. 5)."""
@@ -279,6 +289,12 @@ def _token_mixer(
         # the authors' filter layer drops out at attn_dropout_prob
         residual = residual_for("filter", dropout=context.attn_dropout_prob)
         return FilterMixer(SlideFilter(max_seq_length, hidden_size, bands), residual)
+    if kind in ("adaptive_global_filter", "band_mixture"):
+        residual = residual_for("filter", dropout=float(mixer_options["freq_dropout_prob"]))
+        if kind == "band_mixture":
+            bands = int(mixer_options["num_bands"])
+            return BandMixtureMixer(max_seq_length, hidden_size, bands, residual)
+        return AdaptiveGlobalMixer(AdaptiveGlobalFilter(max_seq_length, hidden_size), residual)
     if kind == "wavelet_fourier":
         wavelet = AdaptiveWaveletFilter(
             max_seq_length, hidden_size, context.n_heads, alpha,

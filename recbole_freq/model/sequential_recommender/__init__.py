@@ -5,6 +5,7 @@ from recbole_freq.model.sequential_recommender.duorec import DuoRec
 from recbole_freq.model.sequential_recommender.fbsarec import FBSARec
 from recbole_freq.model.sequential_recommender.fearec import FEARec
 from recbole_freq.model.sequential_recommender.fmlprec import FMLPRec
+from recbole_freq.model.sequential_recommender.muffin import MUFFIN
 from recbole_freq.model.sequential_recommender.polyrec import PolyRec
 from recbole_freq.model.sequential_recommender.recdenoiser import RecDenoiser
 from recbole_freq.model.sequential_recommender.slime4rec import SLIME4Rec
@@ -20,6 +21,7 @@ __all__ = [
     "FBSARec",
     "FEARec",
     "FMLPRec",
+    "MUFFIN",
     "PolyRec",
     "RecDenoiser",
     "SLIME4Rec",
