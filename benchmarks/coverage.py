@@ -17,7 +17,9 @@ record (a paper row trained with another loss is not that row), the mean test ND
 (else the first metric the figure gives) and its difference from the figure.  A run
 stored before one of its model's settings existed, where today's default is not what the
 code did then (``SETTINGS_BEFORE_THEY_EXISTED``: PolyRec's ``trc_skip``), is named with
-the value it was trained with: its ``--paper`` was that of its day.  The README's table
+the value it was trained with: its ``--paper`` was that of its day.  Each covered cell
+also says how its runs were budgeted (stopped early or capped), on which hardware and
+with which code (the commits the run files record; older files record none).  The README's table
 is this script's output (``tests/test_stored_results.py`` checks it).
 """
 
@@ -51,6 +53,36 @@ def settings_of_its_day(record: dict, root: Path = ROOT) -> list[str]:
     ]
 
 
+def hardware_of(summary: dict) -> str:
+    """The devices a run trained on, each segment's (a run continued on another machine
+    has several), with the device's name where the run file records one."""
+    segments = [*(summary.get("earlier_segments_environment") or []), summary.get("environment")]
+    found = []
+    for environment in segments:
+        environment = environment if isinstance(environment, dict) else {}
+        device = str(environment.get("device") or summary.get("device") or "unrecorded")
+        device = "GPU" if device.startswith("cuda") else "CPU" if device == "cpu" else device
+        name = environment.get("device_name")
+        found.append(f"{device} ({name})" if name else device)
+    return " then ".join(dict.fromkeys(found))
+
+
+def budget_of(summary: dict) -> str:
+    """``early stop`` where the run stopped by its patience, else the epochs it ran to."""
+    if summary.get("stopped_early"):
+        return "early stop"
+    return f"capped at {summary.get('epochs_run')} epochs"
+
+
+def code_of_run(record: dict) -> str:
+    """The commits of the run's segments, or ``unrecorded`` (runs from before run files
+    recorded their code: the folder README names the commit)."""
+    from recbole_freq.jobs.compare.runs import code_label, run_codes
+
+    codes = [code for code in run_codes(record) if code is not None]
+    return ", ".join(dict.fromkeys(code_label(code) for code in codes)) or "unrecorded"
+
+
 def stored_runs(root: Path = ROOT) -> list[dict]:
     from recbole_freq.jobs.compare.runs import entry_label
     from recbole_freq.jobs.compare.tables import recorded_loss
@@ -71,6 +103,9 @@ def stored_runs(root: Path = ROOT) -> list[dict]:
                 "protocol": comparable_label(protocol["label"]),
                 "paper": bool(record["settings"].get("paper")),
                 "then": settings_of_its_day(record, root),
+                "hardware": hardware_of(summary),
+                "budget": budget_of(summary),
+                "code": code_of_run(record),
                 "loss": recorded_loss(summary),
                 "test": summary["test_result"],
                 "folder": path.parent.parent.relative_to(
@@ -105,9 +140,9 @@ def published_cells(root: Path = ROOT) -> list[dict]:
 def coverage_markdown(root: Path = ROOT) -> str:
     runs = stored_runs(root)
     lines = [
-        "| paper table | protocol | row | seeds stored | all --paper | loss | "
-        f"{METRIC} ours (mean) | paper | difference | folders |",
-        "|---|---|---|---|---|---|---:|---:|---:|---|",
+        "| paper table | protocol | row | seeds stored | all --paper | loss | budget | "
+        f"hardware | code | {METRIC} ours (mean) | paper | difference | folders |",
+        "|---|---|---|---|---|---|---|---|---|---:|---:|---:|---|",
     ]
     covered = 0
     cells = published_cells(root)
@@ -122,7 +157,7 @@ def coverage_markdown(root: Path = ROOT) -> str:
         figure = cell["figure"][metric]
         if not matching:
             lines.append(
-                f"| {cell['table']} | {cell['protocol']} | {cell['row']} | none | | | | "
+                f"| {cell['table']} | {cell['protocol']} | {cell['row']} | none | | | | | | | "
                 f"{figure:.4f} | | |"
             )
             continue
@@ -136,9 +171,14 @@ def coverage_markdown(root: Path = ROOT) -> str:
         if then:
             paper += f" (of its day: {', '.join(then)})"
         loss = " / ".join(sorted({run["loss"] for run in matching}))
+        budget, hardware, code = (
+            " / ".join(sorted({run[key] for run in matching}))
+            for key in ("budget", "hardware", "code")
+        )
         lines.append(
             f"| {cell['table']} | {cell['protocol']} | {cell['row']} | {len(matching)} ({seeds}) "
-            f"| {paper} | {loss} | {mean:.4f} ({metric}) | {figure:.4f} | "
+            f"| {paper} | {loss} | {budget} | {hardware} | {code} | {mean:.4f} ({metric}) | "
+            f"{figure:.4f} | "
             f"{(mean - figure) / figure:+.1%} | {folders} |"
         )
     head = (
