@@ -520,12 +520,14 @@ def test_published_figures_sit_beside_a_table_of_their_protocol_only():
     from recbole_freq.jobs.compare.tables import published_figures, published_section
 
     figures = published_figures("lastfm", ["bsarec", "bsarec+train_loss=bce"])
-    # Table 2, the authors' code here, Table 7 (ablations), the FBSARec thesis
+    # Table 2, the authors' code here, Table 7 (ablations), the FBSARec thesis, WEARec's
+    # released log
     assert [figure["name"] for figure in figures] == [
         "paper",
         "authors' code here",
         "paper, Table 7",
         "thesis",
+        "authors' log, WEARec",
     ]
     assert published_figures("lastfm", ["bsarec+sequence_layout=right"]) == []
     assert published_figures("lastfm", ["bsarec", "recbole"]) == []

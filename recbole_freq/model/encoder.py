@@ -131,9 +131,15 @@ RESIDUAL_PATHS: dict[str, Component] = {
     ),
 }
 
-ATTENTION_FREE_MIXERS = (
-    "filter", "slide_filter", "wavelet_fourier", "adaptive_global_filter", "band_mixture",
-)  # fmt: skip
+# Token mixers without attention, and the model each comes from: they take no attention
+# operator and no key-value relations.
+ATTENTION_FREE_MIXERS = {
+    "filter": "FMLP-Rec",
+    "slide_filter": "SLIME4Rec",
+    "wavelet_fourier": "WEARec",
+    "adaptive_global_filter": "MUFFIN",
+    "band_mixture": "MUFFIN",
+}
 TOKEN_MIXERS = ("self_attention", "bsa", *ATTENTION_FREE_MIXERS)
 BLOCK_NORMS = ("post", "sasrec_pre")
 
@@ -255,8 +261,8 @@ def _checked_components(
     residual_path = _lookup(RESIDUAL_PATHS, "residual", residual)
     if key_value_relations and token_mixer in ATTENTION_FREE_MIXERS:
         raise ValueError(
-            f"time_intervals=True needs attention, and token_mixer={token_mixer!r} has "
-            "none; use a self-attention model"
+            f"time_intervals=True needs attention, and token_mixer={token_mixer!r} "
+            f"({ATTENTION_FREE_MIXERS[token_mixer]}) has none; use a self-attention model"
         )
     if key_value_relations and not operator.accepts_relations:
         accepting = sorted(name for name, c in ATTENTION_OPERATORS.items() if c.accepts_relations)
