@@ -77,7 +77,9 @@ def test_time_limit_stops_runs_and_the_same_command_continues_them_exactly(
     """Under a time limit the run stops at an epoch boundary with its resume state and
     the one after it waits (exit code 3, the command to continue); the same command
     without the limit then ends both runs with the metrics of an uninterrupted grid."""
-    overrides = overrides_of(small_config, epochs=120, stopping_step=1000)
+    # 60 tiny epochs, each with its validation, take seconds on any machine: the 2 s
+    # limit stops the first run (or comes before it starts), the second waits
+    overrides = overrides_of(small_config, epochs=60, stopping_step=1000)
     grid = ["--compare", "SASRec", "--dataset=tiny", "--seeds", "4,5"]
     args = [*grid, "--out", str(tmp_path / "limited"), *cli_args(overrides)]
     assert main([*args, "--time_limit", "2s"]) == TIME_LIMIT_EXIT
@@ -110,7 +112,7 @@ def test_time_limit_stops_runs_and_the_same_command_continues_them_exactly(
         for f in ("limited", "whole")
     ]
     assert runs[0]["test_result"] == runs[1]["test_result"]
-    assert runs[0]["epochs_run"] == runs[1]["epochs_run"] == 120
+    assert runs[0]["epochs_run"] == runs[1]["epochs_run"] == 60
     assert (tmp_path / "limited" / "runs" / "SASRec-seed5.json").is_file()
 
 
