@@ -21,3 +21,14 @@ def test_the_frequency_family_compares_in_one_table_beside_the_count_baseline(
         assert any(line.startswith(f"| Improv. {model} |") for line in lines), model
     stored = sorted(p.name for p in (tmp_path / "family" / "runs").glob("*.json"))
     assert len(stored) == 6
+
+
+def test_the_search_grids_of_the_models_without_a_published_grid_parse():
+    from pathlib import Path
+
+    from recbole_freq.jobs.tune.hyper import grid_size, parse_hyper_file
+
+    hyper = Path(__file__).resolve().parents[1] / "properties" / "hyper"
+    assert grid_size(parse_hyper_file(hyper / "MUFFIN.hyper")) == 27
+    slime = parse_hyper_file(hyper / "SLIME4Rec.hyper")
+    assert grid_size(slime) == 12 and slime["filter_mixer"].values == ("G", "L", "M")
