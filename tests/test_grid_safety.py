@@ -283,58 +283,58 @@ def test_a_run_file_without_its_digest_or_data_fingerprint_is_refused(
     assert path.read_bytes() == stored and not (out / "runs" / "SASRec-seed2.json").exists()
 
 
-def test_runs_stored_under_another_property_file_are_not_mixed_into_a_row(
-    small_config, tmp_path, capsys
+def _alpha_of_an_older_property_file(config: dict) -> None:
+    assert config["alpha"] != 0.1
+    config["alpha"] = 0.1
+
+
+def _trc_skip_not_yet_recorded(config: dict) -> None:
+    assert config["trc_skip"] == "identity_and_truncated"
+    del config["trc_skip"]
+
+
+@pytest.mark.parametrize(
+    "model, edit, message",
+    [
+        # A property file changed between two calls (BSARec's alpha here, written into
+        # the stored run as a run of the old file would record it).
+        (
+            "BSARec",
+            _alpha_of_an_older_property_file,
+            "was trained with other settings than BSARec gets now (alpha 0.1 then, ",
+        ),
+        # PolyRec's run files from before trc_skip existed do not record it; they were
+        # trained with the identity skip replaced (truncated), no longer the default.
+        (
+            "PolyRec",
+            _trc_skip_not_yet_recorded,
+            "(trc_skip 'truncated' then, 'identity_and_truncated' now)",
+        ),
+    ],
+    ids=["changed-property-file", "run-from-before-a-setting-existed"],
+)
+def test_runs_of_other_settings_are_not_mixed_into_a_row(
+    small_config, tmp_path, capsys, model, edit, message
 ):
-    """A property file changed between two calls (BSARec's alpha here, written into the
-    stored run as a run of the old file would record it): the next call refuses to add
-    runs of today's settings to that row."""
+    """A stored run trained with other settings than its entry gets now: the next call
+    refuses to add runs of today's settings to that row, in one line."""
     from recbole_freq.jobs.compare.runs import record_digest
 
     out = tmp_path / "cmp"
     overrides = overrides_of(small_config, epochs=1)
-    args = ["--compare", "BSARec", "--dataset=tiny", "--out", str(out), *cli_args(overrides)]
+    args = ["--compare", model, "--dataset=tiny", "--out", str(out), *cli_args(overrides)]
     assert main([*args, "--seeds", "1"]) == 0
-    path = out / "runs" / "BSARec-seed1.json"
+    path = out / "runs" / f"{model}-seed1.json"
     record = json.loads(path.read_text())
-    assert record["summary"]["config"]["alpha"] != 0.1
-    record["summary"]["config"]["alpha"] = 0.1
+    edit(record["summary"]["config"])
     del record["digest"]
     record["digest"] = record_digest(record)
     path.write_text(json.dumps(record, indent=2))
     capsys.readouterr()
     assert main([*args, "--seeds", "1,2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert (
-        len(err) == 1
-        and "was trained with other settings than BSARec gets now (alpha 0.1 then, " in err[0]
-    )
-    assert not (out / "runs" / "BSARec-seed2.json").exists()
-
-
-def test_a_run_stored_before_a_setting_existed_is_held_to_what_the_code_did_then(
-    small_config, tmp_path, capsys
-):
-    """PolyRec's run files from before ``trc_skip`` existed do not record it; they were
-    trained with the identity skip replaced (``truncated``), no longer the default, so a
-    comparison continuing their folder refuses to put today's reading into their row."""
-    from recbole_freq.jobs.compare.runs import record_digest
-
-    out = tmp_path / "cmp"
-    overrides = overrides_of(small_config, epochs=1)
-    args = ["--compare", "PolyRec", "--dataset=tiny", "--out", str(out), *cli_args(overrides)]
-    assert main([*args, "--seeds", "1"]) == 0
-    path = out / "runs" / "PolyRec-seed1.json"
-    record = json.loads(path.read_text())
-    assert record["summary"]["config"]["trc_skip"] == "identity_and_truncated"
-    del record["summary"]["config"]["trc_skip"], record["digest"]
-    record["digest"] = record_digest(record)
-    path.write_text(json.dumps(record, indent=2))
-    capsys.readouterr()
-    assert main([*args, "--seeds", "1,2"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "(trc_skip 'truncated' then, 'identity_and_truncated' now)" in err[0]
-    assert not (out / "runs" / "PolyRec-seed2.json").exists()
+    assert len(err) == 1 and message in err[0]
+    assert not (out / "runs" / f"{model}-seed2.json").exists()
 
 
 def test_a_failed_run_ends_the_grid_in_one_line_with_its_tables_and_the_way_on(

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recbole_freq.model.frequency import FilterMixer
 from recbole_freq.model.layers import keeps_float32
 
 
@@ -63,18 +64,10 @@ class AdaptiveGlobalFilter(nn.Module):
         return torch.fft.irfft(spectrum, n=hidden.size(1), dim=1, norm="ortho")
 
 
-class AdaptiveGlobalMixer(nn.Module):
-    """Token mixer ``adaptive_global_filter``: the global filter closed by its residual
-    path, ``LayerNorm(X + Dropout(irfft(rfft(X) U W)))``; ``gains`` (``U``) come with every
-    forward pass as the encoder's per-pass context (``relations``)."""
-
-    branches = ("filter",)
-    default_branches = ("filter",)
-
-    def __init__(self, filter_layer: AdaptiveGlobalFilter, residual):
-        super().__init__()
-        self.filter = filter_layer
-        self.residual = residual
+class AdaptiveGlobalMixer(FilterMixer):
+    """Token mixer ``adaptive_global_filter``: FMLP-Rec's filter mixer around the global
+    filter, ``LayerNorm(X + Dropout(irfft(rfft(X) U W)))``; ``gains`` (``U``) come with
+    every forward pass as the encoder's per-pass context (``relations``)."""
 
     def forward(self, hidden, mask, wanted, relations=None):
         return {"filter": self.residual(self.filter(hidden, _gains(relations)), hidden)}

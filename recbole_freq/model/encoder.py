@@ -6,9 +6,9 @@ code of its own:
 
 - ``TOKEN_MIXERS``: ``self_attention`` (SASRec-style blocks), ``bsa`` (BSARec eq. 5),
   ``filter`` (FMLP-Rec's learnable filter), ``slide_filter`` (SLIME4Rec's band filters;
-  ``mixer_options``: ``filter_mixer``, ``dynamic_ratio``, ``slide_mode``) or
+  ``mixer_options``: ``filter_mixer``, ``dynamic_ratio``, ``slide_mode``),
   ``wavelet_fourier`` (WEARec's adaptive Fourier filter beside a Haar wavelet branch;
-  ``mixer_options``: ``adaptive``), ``adaptive_global_filter`` and ``band_mixture``
+  ``mixer_options``: ``adaptive``), and ``adaptive_global_filter`` and ``band_mixture``
   (MUFFIN's global filter and band mixture, scaled by per-sequence gains that come with
   every forward pass as ``relations``; ``mixer_options``: ``num_bands``,
   ``freq_dropout_prob``);
