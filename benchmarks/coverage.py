@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -280,6 +281,236 @@ def trust_lines(root: Path = ROOT) -> str:
     return head + "\n\n" + "\n".join(text) + "\n"
 
 
+ROWS_START, ROWS_END = "<!-- rows:start -->", "<!-- rows:end -->"
+ROWS_HEADING = "## How each row here was trained (generated from its run files)"
+
+
+def _same_setting(ran, wanted) -> bool:
+    """Whether a recorded setting is the paper file's (``1e-12`` read as text by one yaml
+    reader and as a number by another is the same setting)."""
+    try:
+        return math.isclose(float(ran), float(wanted), rel_tol=1e-9)
+    except (TypeError, ValueError):
+        return json.dumps(ran, sort_keys=True, default=str) == json.dumps(
+            wanted, sort_keys=True, default=str
+        )
+
+
+def todays_paper_settings(record: dict) -> tuple[dict | None, str]:
+    """The settings today's ``--paper`` gives the run's row under the run's protocol, and
+    the file they come from: its model's paper file for that dataset when that file names
+    the run's protocol, else the paper file of a denoiser whose backbone the model is (SASRec
+    beside RecDenoiser shares RecDenoiser's settings but its own); a named variant's file
+    on top.  ``(None, why)`` when no paper file names that dataset and protocol."""
+    from recbole_freq.config.configurator import (
+        DENOISER_ONLY_SETTINGS,
+        paper_file,
+        read_config_file,
+        variant_file,
+    )
+    from recbole_freq.jobs.compare.runs import entry_model_name, split_entry
+
+    summary = record["summary"]
+    model, dataset = entry_model_name(record["model"]), summary.get("dataset")
+    protocol = summary["protocol"].get("protocol")
+    candidates = [(model, False)] + [
+        (denoiser, True) for denoiser, backbone in DENOISER_BACKBONES.items() if backbone == model
+    ]
+    for owner, as_backbone in candidates:
+        path = paper_file(owner, dataset)
+        settings = read_config_file(path) if path else {}
+        if path is None or settings.get("protocol") != protocol:
+            continue
+        if as_backbone:
+            settings = {k: v for k, v in settings.items() if k not in DENOISER_ONLY_SETTINGS}
+        source = path.relative_to(ROOT).as_posix() + (
+            f" ({owner}'s backbone)" if as_backbone else ""
+        )
+        _, variant = split_entry(record["model"])
+        piece, _, name = (variant or "").partition("=")
+        if piece == "variant":
+            settings = {**settings, **read_config_file(variant_file(model, name))}
+            source += f" + variant {name}"
+        return settings, source
+    return None, f"no paper file names {dataset} under protocol {protocol}"
+
+
+# Settings of a paper file that do not make a run another row: the protocol (compared by
+# its label's pieces instead) and deterministic kernels (the same model and training,
+# older run files do not record it).
+NOT_THE_ROWS_SETTINGS = ("protocol", "deterministic")
+
+# A denoiser's paper row sets its backbone's row beside it (``jobs.compare._paper_models``).
+DENOISER_BACKBONES = {"RecDenoiser": "SASRec", "BERT4RecDenoiser": "BERT4Rec"}
+
+
+def paper_deviations(record: dict) -> list[str] | None:
+    """What the run did otherwise than today's ``--paper`` file for its row: its protocol's
+    pieces beyond the paper's protocol (left or right padding, training rows), each setting
+    of the file it ran with another value (the loss, sizes, patience; a setting the run
+    predates is read as what the code then did), and an epoch cap that ended it before its
+    patience could; ``None`` when no paper file names its dataset and protocol."""
+    from recbole_freq.jobs.compare.runs import SETTINGS_BEFORE_THEY_EXISTED
+    from recbole_freq.jobs.compare.tables import capped_by_epochs
+    from recbole_freq.protocol.pieces import comparable_label
+
+    settings, _ = todays_paper_settings(record)
+    if settings is None:
+        return None
+    summary = record["summary"]
+    config = summary.get("config") or {}
+    found = []
+    label = comparable_label(summary["protocol"]["label"])
+    if label != settings["protocol"]:
+        found.append(f"protocol {label} (paper {settings['protocol']})")
+    pieces = summary["protocol"]
+    for key, wanted in settings.items():
+        if key in NOT_THE_ROWS_SETTINGS:
+            continue
+        # A protocol piece's value in force is the protocol record's (the config may hold
+        # None where the protocol supplied it).
+        source = pieces if key in pieces else config
+        ran = source.get(key, SETTINGS_BEFORE_THEY_EXISTED.get(key, "unrecorded"))
+        if not _same_setting(ran, wanted):
+            found.append(f"{key} {ran} (paper {wanted})")
+    if capped_by_epochs(summary):
+        found.append(f"capped at {summary['epochs_run']} epochs, before its patience ended it")
+    return found
+
+
+def _budget_with_epochs(summary: dict) -> str:
+    if summary.get("learns_by_gradient") is False:
+        return "none (counted once from the training rows)"
+    best = summary.get("best_epoch")
+    return f"{budget_of(summary)}, best epoch {best} of {summary.get('epochs_run')}"
+
+
+def row_records(root: Path = ROOT) -> list[dict]:
+    """Every stored run grouped by its folder, row, dataset and protocol, with what decides
+    whether it is the paper's row (``paper_deviations``) and where and how it ran."""
+    from recbole_freq.jobs.compare.tables import recorded_loss
+
+    groups: dict[tuple, dict] = {}
+    for path in sorted((root / "benchmarks" / "results").glob("**/runs/*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        summary = record["summary"]
+        protocol = summary.get("protocol") if isinstance(summary.get("protocol"), dict) else None
+        folder = path.parent.parent.relative_to(root / "benchmarks" / "results").as_posix()
+        key = (folder, record["model"], summary.get("dataset"), (protocol or {}).get("label"))
+        group = groups.setdefault(
+            key,
+            {
+                "folder": folder,
+                "entry": record["model"],
+                "dataset": key[2],
+                "protocol": key[3] or "unrecorded",
+                "seeds": [],
+            },  # fmt: skip
+        )
+        if protocol is None:
+            verdict, source = "cannot tell: its run file records no protocol", ""
+        else:
+            deviations = paper_deviations(record)
+            source = todays_paper_settings(record)[1]
+            verdict = (
+                "no published row: " + source
+                if deviations is None
+                else "yes"
+                if not deviations
+                else "no: " + "; ".join(deviations)
+            )
+        group["seeds"].append(
+            {
+                "seed": record["seed"],
+                "verdict": verdict,
+                "source": source if verdict == "yes" or verdict.startswith("no:") else "",
+                "loss": recorded_loss(summary),
+                "budget": _budget_with_epochs(summary),
+                "hardware": hardware_of(summary),
+                "code": code_of_run(record),
+            }
+        )
+    return list(groups.values())
+
+
+def _joined(seeds: list[dict], key: str) -> str:
+    values = list(dict.fromkeys(seed[key] for seed in seeds))
+    if len(values) == 1:
+        return values[0]
+    return "; ".join(f"seed {seed['seed']}: {seed[key]}" for seed in seeds)
+
+
+def rows_markdown(groups: list[dict], with_folder: bool) -> str:
+    """One line per stored row: seeds, whether it was trained as today's ``--paper`` file
+    trains that paper row (and if not, how it differs), loss, budget, hardware, code."""
+    head = "| folder " if with_folder else ""
+    lines = [
+        f"{head}| row | dataset | protocol | seeds | as the paper's row (today's --paper file) "
+        "| loss | budget | hardware | code |",
+        ("|---" if with_folder else "") + "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for group in sorted(groups, key=lambda g: (g["folder"], g["dataset"] or "", g["entry"])):
+        seeds = sorted(group["seeds"], key=lambda s: s["seed"])
+        verdict = _joined(seeds, "verdict")
+        sources = {s["source"] for s in seeds if s["source"]}
+        if sources:
+            verdict += " (" + ", ".join(f"`{s}`" for s in sorted(sources)) + ")"
+        cells = [
+            f"`{group['folder']}`" if with_folder else None,
+            group["entry"],
+            group["dataset"],
+            group["protocol"],
+            ", ".join(str(s["seed"]) for s in seeds),
+            verdict,
+            _joined(seeds, "loss"),
+            _joined(seeds, "budget"),
+            _joined(seeds, "hardware"),
+            _joined(seeds, "code"),
+        ]
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells if c is not None) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def readme_of(folder: str, root: Path = ROOT) -> Path:
+    """The README that describes a results folder: its own, else the nearest one above it
+    (the index for a folder without one)."""
+    results = root / "benchmarks" / "results"
+    here = results / folder
+    while here != results and not (here / "README.md").is_file():
+        here = here.parent
+    return here / "README.md"
+
+
+def folder_row_blocks(root: Path = ROOT) -> dict[Path, str]:
+    """README -> its generated rows block: each folder README the rows it describes, the
+    index every stored row (``rows_markdown``)."""
+    groups = row_records(root)
+    index = root / "benchmarks" / "results" / "README.md"
+    by_readme: dict[Path, list[dict]] = {}
+    for group in groups:
+        readme = readme_of(group["folder"], root)
+        if readme != index:
+            by_readme.setdefault(readme, []).append(group)
+    blocks = {
+        readme: (
+            "Generated by `python benchmarks/coverage.py --write` from the run files below "
+            "this folder (`benchmarks/coverage.py`, `paper_deviations`, says what is compared):\n\n"
+            + rows_markdown(found, with_folder=True)
+        )
+        for readme, found in by_readme.items()
+    }
+    blocks[index] = (
+        "Every stored run, grouped by folder and row; generated by `python "
+        'benchmarks/coverage.py --write`. "As the paper\'s row" compares what each run '
+        "recorded with today's `--paper` file for its model, dataset and protocol (a row "
+        "without one has no published row to be): protocol pieces, every setting of the "
+        "file, and an epoch cap that ended it early. Hardware is each run segment's device; "
+        "code the commit its run file records (older files record none; their folder README "
+        "names the commit).\n\n" + rows_markdown(groups, with_folder=True)
+    )
+    return blocks
+
+
 TRUST_FILES = (ROOT / "docs" / "models.md",)
 TRUST_START, TRUST_END = "<!-- trust:start -->", "<!-- trust:end -->"
 
@@ -305,12 +536,17 @@ def main(argv=None) -> int:
 
     blocks = [(README, coverage_markdown(), START, END)]
     blocks += [(path, trust_lines(), TRUST_START, TRUST_END) for path in TRUST_FILES]
+    blocks += [
+        (path, block, ROWS_START, ROWS_END) for path, block in sorted(folder_row_blocks().items())
+    ]
     if not (args.write or args.check):
         for _, block, _, _ in blocks:
             print(block)
         return 0
     for path, block, start, end in blocks:
         text = path.read_text(encoding="utf-8")
+        if args.write and start == ROWS_START and readme_block(text, start, end) is None:
+            text = f"{text.rstrip()}\n\n{ROWS_HEADING}\n\n{start}\n{end}\n"
         if readme_block(text, start, end) is None:
             print(f"{path} has no {start} ... {end} block", file=sys.stderr)
             return 2

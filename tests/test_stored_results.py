@@ -52,3 +52,61 @@ def test_a_run_from_before_a_default_changed_is_labelled_with_what_it_ran():
         line for line in coverage.coverage_markdown().splitlines() if "| PolyRec | 1 (42)" in line
     ]
     assert rows and all("yes (of its day: trc_skip truncated)" in row for row in rows)
+
+
+def _coverage_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("coverage_table", RESULTS.parent / "coverage.py")
+    coverage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(coverage)
+    return coverage
+
+
+def test_each_rows_departures_from_its_paper_row_are_named():
+    """Each folder README's rows block says whether a row was trained as today's --paper
+    file trains that paper row, and names every way it was not: a protocol piece (right
+    padding), a setting of the file (loss, dropout), an epoch cap that ended it early."""
+    import copy
+    import json
+
+    coverage = _coverage_module()
+    path = RESULTS / "like-with-like-lastfm" / "sasrec-bce" / "runs" / "SASRec-seed42.json"
+    record = json.loads(path.read_text(encoding="utf-8"))
+    assert coverage.paper_deviations(record) == []
+    assert coverage.todays_paper_settings(record)[1] == "properties/paper/SASRec/lastfm.yaml"
+
+    changed = copy.deepcopy(record)
+    summary = changed["summary"]
+    summary["protocol"]["label"] += "+sequence_layout=right"
+    summary["protocol"]["train_loss"] = "model"
+    summary["config"]["hidden_dropout_prob"] = 0.2
+    summary["config"]["epochs"] = summary["epochs_run"] = summary["best_epoch"] + 1
+    assert coverage.paper_deviations(changed) == [
+        "protocol bsarec+sequence_layout=right (paper bsarec)",
+        "train_loss model (paper bce)",
+        "hidden_dropout_prob 0.2 (paper 0.5)",
+        f"capped at {summary['epochs_run']} epochs, before its patience ended it",
+    ]
+
+    # Under Rec-Denoiser's protocol SASRec's paper row is RecDenoiser's backbone.
+    path = RESULTS / "recdenoiser-paper-lastfm" / "runs" / "SASRec-seed2020.json"
+    record = json.loads(path.read_text(encoding="utf-8"))
+    settings, source = coverage.todays_paper_settings(record)
+    assert source == "properties/paper/RecDenoiser/lastfm.yaml (RecDenoiser's backbone)"
+    assert "jacobian_gamma" not in settings
+    assert coverage.paper_deviations(record) == [
+        "protocol sasrec+sequence_layout=right (paper sasrec)"
+    ]
+
+
+def test_every_folder_with_runs_has_its_rows_block():
+    coverage = _coverage_module()
+    blocks = coverage.folder_row_blocks()
+    for runs in RESULTS.glob("**/runs"):
+        folder = runs.parent.relative_to(RESULTS).as_posix()
+        readme = coverage.readme_of(folder)
+        assert f"`{folder}`" in blocks[readme]
+        assert f"`{folder}`" in blocks[RESULTS / "README.md"]
+        text = readme.read_text(encoding="utf-8")
+        assert coverage.readme_block(text, coverage.ROWS_START, coverage.ROWS_END) == blocks[readme]
