@@ -11,7 +11,7 @@ from conftest import first_batch, without_transformer_settings
 from recbole_freq.config.configurator import FreqConfig, get_model_class, properties_dir
 from recbole_freq.model import BERT4RecDenoiser, RecDenoiser
 from recbole_freq.protocol import trainer as trainer_module
-from recbole_freq.protocol.sampled_scoring import SampledScorer
+from recbole_freq.protocol.sampled_scoring import SampledScorer, batch_sampled_collate
 from recbole_freq.quick_start.quick_start import run
 
 UNI100 = str(properties_dir() / "protocol" / "uni100.yaml")
@@ -123,3 +123,72 @@ def test_sampled_evaluation_encodes_each_sequence_once_with_the_same_scores(smal
     assert calls[-1] == len(item_seq)
     torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-6)
     assert scores.shape == lengths.shape
+
+
+def _batches(loader, seed):
+    import numpy as np
+
+    np.random.seed(seed)  # RecBole's samplers draw from numpy's global stream
+    return [batch for batch in loader]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        {"protocol": "uni100"},  # RecBole's RepeatableSampler, one row a user
+        {"protocol": "sasrec"},  # the protocol's unseen-item sampler (rows.UnseenSampler)
+        {  # several test rows a user: a ratio split grouped by user
+            "protocol": "uni100",
+            "eval_args": {
+                "split": {"RS": [0.6, 0.2, 0.2]},
+                "order": "TO",
+                "group_by": "user",
+                "mode": {"valid": "uni100", "test": "uni100"},
+            },  # fmt: skip
+        },
+    ],
+    ids=["uni100", "sasrec-unseen", "several-rows-a-user"],
+)
+def test_the_batched_sampled_collate_gives_recboles_batches_to_the_bit(small_config, case):
+    """``sampled_scoring.batch_sampled_collate`` replaces RecBole's user-by-user
+    ``collate_fn``: from the same random state it must give the same rows, negatives,
+    labels and index tensors, batch by batch."""
+    from conftest import prepare
+    from recbole_freq.protocol.sampled_scoring import _batched_collate
+
+    overrides = dict(small_config, eval_batch_size=303, **case)
+    _, _, valid, test = prepare("SASRec", overrides, dataset="wide")
+    for loader in (valid, test):
+        own = _batches(loader, seed=7)
+        assert batch_sampled_collate(loader)
+        assert loader.collate_fn.__func__ is _batched_collate
+        batched = _batches(loader, seed=7)
+        assert len(own) == len(batched) > 1
+        for (a, *a_index), (b, *b_index) in zip(own, batched):
+            # RecBole's cat_interactions orders the fields by a set: only the set is its.
+            assert set(a.interaction) == set(b.interaction)
+            for field in a.interaction:
+                assert a[field].dtype == b[field].dtype, field
+                assert torch.equal(a[field], b[field]), field
+            for x, y in zip(a_index, b_index):
+                assert x.dtype == y.dtype and torch.equal(x, y)
+    if "eval_args" in case:
+        assert int(test.uid2items_num.max()) > 1
+
+
+def test_the_batched_collate_leaves_full_sort_and_dynamic_loaders_alone(small_config):
+    from conftest import prepare
+
+    _, train, valid, _ = prepare("SASRec", dict(small_config), dataset="wide")
+    assert not batch_sampled_collate(valid)  # full sort
+    assert not batch_sampled_collate(train)
+
+
+def test_equal_runs_groups_consecutive_rows_only():
+    from recbole_freq.protocol.sampled_scoring import equal_runs
+
+    key = torch.tensor([[1, 2], [1, 2], [3, 4], [1, 2], [1, 2], [1, 2]])
+    first, run = equal_runs(key)
+    assert first.tolist() == [0, 2, 3] and run.tolist() == [0, 0, 1, 2, 2, 2]
+    first, run = equal_runs(key[:1])
+    assert first.tolist() == [0] and run.tolist() == [0]

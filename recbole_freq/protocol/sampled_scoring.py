@@ -6,14 +6,24 @@ own row with a copy of the user's sequence and scores the rows with ``predict``,
 Transformer encodes every sequence 101 times under ``uni100``: on amazon-beauty (22,363
 test users) that is an estimated hour on one CPU core for RecBole's SASRec.  Scoring a
 candidate is reading one entry of the model's full-sort scores, so ``SampledScorer``
-computes ``full_sort_predict`` once per distinct (user, sequence) and gathers.
+computes ``full_sort_predict`` once per run of rows with the same (user, sequence) and
+gathers.
+
+RecBole's loader also builds those rows one user at a time (``collate_fn`` of
+``NegSampleEvalDataLoader``: per user a dataset lookup, a copy per candidate, a join and
+a concatenation), which on amazon-beauty cost about as much as the model.
+``batch_sampled_collate`` builds each batch at once; only the negative draws stay one call
+per user, in RecBole's order, so the same random stream gives the same negatives.
 """
 
 from __future__ import annotations
 
 import logging
+import types
 
+import numpy as np
 import torch
+from recbole.data.interaction import Interaction
 from recbole.model.abstract_recommender import SequentialRecommender
 
 from recbole_freq.protocol.losses import sequence_inputs
@@ -46,14 +56,10 @@ class SampledScorer:
         extra = list(sequence_inputs(model, interaction).values())
         if extra:  # e.g. TiSASRec's timestamps: same items at other times score otherwise
             key = torch.cat([key.double()] + [v.view(key.size(0), -1).double() for v in extra], 1)
-        distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
-        rows = key.size(0)
-        if distinct.size(0) == rows:
+        first, inverse = equal_runs(key)
+        if first.size(0) == key.size(0):
             return self.own_predict(interaction)
-        positions = torch.arange(rows, device=key.device)
-        first = torch.full((distinct.size(0),), rows, device=key.device, dtype=torch.long)
-        first = first.scatter_reduce(0, inverse, positions, reduce="amin")
-        full = model.full_sort_predict(interaction[first]).view(distinct.size(0), -1)
+        full = model.full_sort_predict(interaction[first]).view(first.size(0), -1)
         scores = full[inverse, interaction[model.ITEM_ID]]
         if not self.verified:
             check = inverse < 2
@@ -67,3 +73,81 @@ class SampledScorer:
                 return self.own_predict(interaction)
             self.verified = True
         return scores
+
+
+def equal_runs(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows grouped into runs of consecutive equal rows of ``key``: the first row of each
+    run and each row's run.  RecBole's sampled loader writes a user's candidate rows one
+    after another, so a run is a user's block; equal rows apart (two users with the same
+    sequence) are encoded twice, which costs a little and changes nothing (a sort-based
+    ``torch.unique(dim=0)`` took a third of an evaluation pass on amazon-beauty)."""
+    starts = torch.ones(key.size(0), dtype=torch.bool, device=key.device)
+    if key.size(0) > 1:
+        starts[1:] = (key[1:] != key[:-1]).flatten(1).any(dim=1)
+    return torch.nonzero(starts).squeeze(1), torch.cumsum(starts, 0) - 1
+
+
+def batch_sampled_collate(loader) -> bool:
+    """Give a sampled evaluation loader (RecBole's ``NegSampleEvalDataLoader`` drawing
+    negatives) a ``collate_fn`` that builds each batch at once, with RecBole's output to
+    the bit: the same rows, negatives, labels and index tensors (``tests/test_evaluation.py``).
+    Only where RecBole's own would do no more than that: point-wise negatives, not
+    ``dynamic``, the identity ``transform``.  Returns whether it was installed."""
+    from recbole.data.dataloader import NegSampleEvalDataLoader
+    from recbole.data.transform import Equal
+
+    if not isinstance(loader, NegSampleEvalDataLoader) or not hasattr(loader, "uid_list"):
+        return False
+    args = loader.neg_sample_args
+    if args.get("dynamic", False) or "none" in (args["distribution"], args["sample_num"]):
+        return False
+    if not isinstance(loader.transform, Equal):
+        return False
+    if (
+        getattr(loader.sampling_func, "__func__", None)
+        is not type(loader)._neg_sample_by_point_wise_sampling
+    ):
+        return False
+    if getattr(loader.collate_fn, "__func__", None) is not _batched_collate:
+        loader.collate_fn = types.MethodType(_batched_collate, loader)
+    return True
+
+
+def _batched_collate(loader, index):
+    """``NegSampleEvalDataLoader.collate_fn`` (sampled branch) for a whole batch."""
+    users = loader.uid_list[np.asarray(index)]
+    counts = loader.uid2items_num[users]
+    rows = torch.from_numpy(
+        np.concatenate([np.arange(s.start, s.stop) for s in loader.uid2index[users]])
+    )
+    dataset, times = loader._dataset, loader.times
+    data = dataset.join(
+        Interaction({k: v[rows] for k, v in dataset.inter_feat.interaction.items()})
+    )
+    user_ids, item_ids = data[loader.uid_field].numpy(), data[loader.iid_field].numpy()
+    negatives, offset = [], 0
+    for count in counts.tolist():  # one draw per user, in RecBole's order
+        negatives.append(
+            loader._sampler.sample_by_user_ids(
+                user_ids[offset : offset + count],
+                item_ids[offset : offset + count],
+                loader.neg_sample_num,
+            )  # fmt: skip
+        )
+        offset += count
+    # Each user's block: its rows, then ``times - 1`` copies of them for the negatives.
+    block = torch.from_numpy(counts * times)
+    owner = torch.repeat_interleave(torch.arange(len(counts)), block)
+    within = torch.arange(int(block.sum())) - torch.repeat_interleave(
+        torch.cumsum(block, 0) - block, block
+    )
+    count = torch.from_numpy(counts)[owner]
+    first_row = torch.from_numpy(np.cumsum(counts) - counts)[owner]
+    tiled = Interaction({k: v[first_row + within % count] for k, v in data.interaction.items()})
+    candidate = within >= count
+    tiled[loader.iid_field][candidate] = torch.cat(negatives).to(tiled[loader.iid_field].dtype)
+    tiled = dataset.join(tiled)
+    tiled.update(Interaction({loader.label_field: (~candidate).float()}))
+    positive_u = torch.repeat_interleave(torch.arange(len(counts)), torch.from_numpy(counts))
+    positive_i = torch.cat((torch.tensor([], dtype=torch.int64), data[loader.iid_field]), 0)
+    return tiled, owner, positive_u, positive_i

@@ -74,7 +74,7 @@ from recbole_freq.protocol.losses import (
 )
 from recbole_freq.protocol.pieces import ProtocolError, protocol_settings
 from recbole_freq.protocol.rows import HISTORY_LENGTH, HISTORY_START, UserHistories
-from recbole_freq.protocol.sampled_scoring import SampledScorer
+from recbole_freq.protocol.sampled_scoring import SampledScorer, batch_sampled_collate
 from recbole_freq.utils.options import as_number
 from recbole_freq.utils.process_group import broadcast_from_writer, writing_rank
 
@@ -313,6 +313,8 @@ class FreqTrainer(Trainer):
         weights."""
         self._eval_histories = getattr(eval_data._dataset, "protocol_histories", None)
         self._eval_data = eval_data
+        if eval_data:
+            batch_sampled_collate(eval_data)
         if self.overlap_loader and eval_data:
             eval_data = prefetching(eval_data, self.device)
         if self.fast_steps is not None:
