@@ -174,6 +174,8 @@ def test_the_batched_sampled_collate_gives_recboles_batches_to_the_bit(small_con
                 assert x.dtype == y.dtype and torch.equal(x, y)
     if "eval_args" in case:
         assert int(test.uid2items_num.max()) > 1
+    expected = {"uni100": "RepeatableSampler", "sasrec": "UnseenSampler"}[case["protocol"]]
+    assert type(test._sampler).__name__ == expected  # each fast draw path is exercised
 
 
 def test_the_batched_collate_leaves_full_sort_and_dynamic_loaders_alone(small_config):

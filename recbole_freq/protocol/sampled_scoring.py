@@ -126,14 +126,16 @@ def _batched_collate(loader, index):
     )
     user_ids, item_ids = data[loader.uid_field].numpy(), data[loader.iid_field].numpy()
     negatives, offset = [], 0
+    used_items = items_a_draw_avoids(loader._sampler)
     for count in counts.tolist():  # one draw per user, in RecBole's order
-        negatives.append(
-            loader._sampler.sample_by_user_ids(
-                user_ids[offset : offset + count],
-                item_ids[offset : offset + count],
-                loader.neg_sample_num,
-            )  # fmt: skip
-        )
+        users, items = user_ids[offset : offset + count], item_ids[offset : offset + count]
+        if count == 1 and used_items is not None:
+            used = used_items(int(users[0]), int(items[0]))
+            negatives.append(one_key_draw(loader._sampler.sampling, used, loader.neg_sample_num))
+        else:
+            negatives.append(
+                loader._sampler.sample_by_user_ids(users, items, loader.neg_sample_num)
+            )
         offset += count
     # Each user's block: its rows, then ``times - 1`` copies of them for the negatives.
     block = torch.from_numpy(counts * times)
@@ -151,3 +153,33 @@ def _batched_collate(loader, index):
     positive_u = torch.repeat_interleave(torch.arange(len(counts)), torch.from_numpy(counts))
     positive_i = torch.cat((torch.tensor([], dtype=torch.int64), data[loader.iid_field]), 0)
     return tiled, owner, positive_u, positive_i
+
+
+def items_a_draw_avoids(sampler):
+    """For the evaluation samplers of sequential runs (RecBole's ``RepeatableSampler``:
+    sequential models refuse its other one; the protocol's ``UnseenSampler``), ``(user,
+    item) -> the set of items`` its ``sample_by_user_ids`` keeps out of one row's
+    negatives; ``None`` for any other sampler (it is then called itself)."""
+    from recbole.sampler import RepeatableSampler
+
+    from recbole_freq.protocol.rows import UnseenSampler
+
+    if isinstance(sampler, UnseenSampler):
+        return lambda user, item: sampler.user_items[user]
+    if type(sampler) is RepeatableSampler:
+        return lambda user, item: {item}
+    return None
+
+
+def one_key_draw(sampling, used: set, num: int) -> torch.Tensor:
+    """RecBole's ``sample_by_key_ids`` for one key (``num`` draws of ``sampling``, each
+    that falls in ``used`` drawn again until none does), with the same calls of
+    ``sampling`` in the same order, so the same random stream gives the same negatives;
+    membership is read from the set (``np.isin`` on a handful of items cost more than
+    the draw)."""
+    values = sampling(num)
+    check = np.flatnonzero([value in used for value in values.tolist()])
+    while len(check) > 0:
+        values[check] = redrawn = sampling(len(check))
+        check = check[[value in used for value in redrawn.tolist()]]
+    return torch.tensor(values, dtype=torch.long)
