@@ -12,8 +12,9 @@ gathers.
 RecBole's loader also builds those rows one user at a time (``collate_fn`` of
 ``NegSampleEvalDataLoader``: per user a dataset lookup, a copy per candidate, a join and
 a concatenation), which on amazon-beauty cost about as much as the model.
-``batch_sampled_collate`` builds each batch at once; only the negative draws stay one call
-per user, in RecBole's order, so the same random stream gives the same negatives.
+``batch_sampled_collate`` builds each batch at once; only the negative draws stay user by
+user, in RecBole's order and by its rejection loop, so the same random stream gives the
+same negatives.
 """
 
 from __future__ import annotations
