@@ -1,6 +1,7 @@
 """Sampled evaluation through full-sort scores (``recbole_freq.protocol.sampled_scoring``)."""
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -194,3 +195,30 @@ def test_equal_runs_groups_consecutive_rows_only():
     assert first.tolist() == [0, 2, 3] and run.tolist() == [0, 0, 1, 2, 2, 2]
     first, run = equal_runs(key[:1])
     assert first.tolist() == [0] and run.tolist() == [0]
+
+
+def test_a_whole_sampled_pass_gives_the_same_metrics_as_recboles_way(tiny_data, tmp_path):
+    """``benchmarks/bench_sampled_pass.py`` on small data: the trainer's evaluation with
+    RecBole's user-by-user loader and the sort-based grouping, and with today's, from the
+    same random state, give the same metrics (the script refuses to report otherwise)."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_sampled_pass.py"
+    spec = importlib.util.spec_from_file_location("bench_sampled_pass", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = bench.main(
+        [
+            "--dataset",
+            "wide",
+            "--data_path",
+            str(tiny_data),
+            "--rounds",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert result["metrics_equal"] and result["users"] == 60
+    assert (tmp_path / "sampled-pass-sasrec-wide-cpu.md").is_file()
+    assert "--data_path DATA" in (tmp_path / "sampled-pass-sasrec-wide-cpu.md").read_text()
