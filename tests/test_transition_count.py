@@ -136,13 +136,15 @@ def test_a_comparison_marks_every_metric_not_above_the_count_baselines(small_con
 
     overrides = {key: value for key, value in small_config.items() if key not in ("seed", "state")}
     out = tmp_path / "cmp"
-    entries = "SASRec,TransitionCount,TransitionCount@variant=last-5"
+    # A count baseline first: its row, without a trained row's columns, heads the csv.
+    entries = "TransitionCount,SASRec,TransitionCount@variant=last-5"
     compare(entries, "tiny", seeds="5", overrides=dict(overrides, epochs=1), out=out)
     with open(out / "comparison.csv", newline="") as handle:
         rows = {row["model"]: row for row in csv.DictReader(handle)}
     counts = ("TransitionCount", "TransitionCount [last-5]")
     assert [rows[name]["count_baseline"] for name in counts] == ["True", "True"]
     assert rows["SASRec"]["count_baseline"] == "False"
+    assert rows["SASRec"]["capped_runs"] == "1" and rows["TransitionCount"]["capped_runs"] == ""
     markdown = (out / "comparison.md").read_text()
     sasrec_line = next(line for line in markdown.splitlines() if line.startswith("| SASRec"))
     cells = [cell.strip() for cell in sasrec_line.strip("|").split("|")]

@@ -200,8 +200,12 @@ def _std(values) -> float:
 
 
 def csv_text(rows: list[dict]) -> str:
+    """The rows as csv, a column for every key any row has (a count baseline's row has no
+    ``capped_runs``, a trained model's none of a count row's own): empty where a row
+    lacks it."""
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+    fields = list(dict.fromkeys(key for row in rows for key in row))
+    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
     for row in rows:
         writer.writerow({k: "" if v is None else v for k, v in row.items()})
