@@ -129,13 +129,14 @@ def _batched_collate(loader, index):
     negatives, offset = [], 0
     used_items = items_a_draw_avoids(loader._sampler)
     for count in counts.tolist():  # one draw per user, in RecBole's order
-        users, items = user_ids[offset : offset + count], item_ids[offset : offset + count]
+        user_rows = user_ids[offset : offset + count]
+        item_rows = item_ids[offset : offset + count]
         if count == 1 and used_items is not None:
-            used = used_items(int(users[0]), int(items[0]))
+            used = used_items(int(user_rows[0]), int(item_rows[0]))
             negatives.append(one_key_draw(loader._sampler.sampling, used, loader.neg_sample_num))
         else:
             negatives.append(
-                loader._sampler.sample_by_user_ids(users, items, loader.neg_sample_num)
+                loader._sampler.sample_by_user_ids(user_rows, item_rows, loader.neg_sample_num)
             )
         offset += count
     # Each user's block: its rows, then ``times - 1`` copies of them for the negatives.
@@ -144,10 +145,11 @@ def _batched_collate(loader, index):
     within = torch.arange(int(block.sum())) - torch.repeat_interleave(
         torch.cumsum(block, 0) - block, block
     )
-    count = torch.from_numpy(counts)[owner]
+    owners_rows = torch.from_numpy(counts)[owner]
     first_row = torch.from_numpy(np.cumsum(counts) - counts)[owner]
-    tiled = Interaction({k: v[first_row + within % count] for k, v in data.interaction.items()})
-    candidate = within >= count
+    source = first_row + within % owners_rows
+    tiled = Interaction({k: v[source] for k, v in data.interaction.items()})
+    candidate = within >= owners_rows
     tiled[loader.iid_field][candidate] = torch.cat(negatives).to(tiled[loader.iid_field].dtype)
     tiled = dataset.join(tiled)
     tiled.update(Interaction({loader.label_field: (~candidate).float()}))
