@@ -26,6 +26,7 @@ is this script's output (``tests/test_stored_results.py`` checks it).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -84,14 +85,23 @@ def code_of_run(record: dict) -> str:
     return ", ".join(dict.fromkeys(code_label(code) for code in codes)) or "unrecorded"
 
 
+@functools.lru_cache(maxsize=4)
+def run_files(root: Path = ROOT) -> tuple:
+    """``(path, record)`` of every stored run file, read once per process: the coverage
+    table, the trust lines and the rows blocks all derive from them (read-only)."""
+    return tuple(
+        (path, json.loads(path.read_text(encoding="utf-8")))
+        for path in sorted((root / "benchmarks" / "results").glob("**/runs/*.json"))
+    )
+
+
 def stored_runs(root: Path = ROOT) -> list[dict]:
     from recbole_freq.jobs.compare.runs import entry_label
     from recbole_freq.jobs.compare.tables import recorded_loss
     from recbole_freq.protocol.pieces import comparable_label
 
     runs = []
-    for path in sorted((root / "benchmarks" / "results").glob("**/runs/*.json")):
-        record = json.loads(path.read_text(encoding="utf-8"))
+    for path, record in run_files(root):
         summary = record["summary"]
         protocol = summary.get("protocol")
         if not isinstance(protocol, dict):
@@ -313,9 +323,7 @@ def todays_paper_settings(record: dict) -> tuple[dict | None, str]:
     summary = record["summary"]
     model, dataset = entry_model_name(record["model"]), summary.get("dataset")
     protocol = summary["protocol"].get("protocol")
-    candidates = [(model, False)] + [
-        (denoiser, True) for denoiser, backbone in DENOISER_BACKBONES.items() if backbone == model
-    ]
+    candidates = [(model, False)] + [(denoiser, True) for denoiser in denoisers_of(model)]
     for owner, as_backbone in candidates:
         path = paper_file(owner, dataset)
         settings = read_config_file(path) if path else {}
@@ -340,8 +348,18 @@ def todays_paper_settings(record: dict) -> tuple[dict | None, str]:
 # older run files do not record it).
 NOT_THE_ROWS_SETTINGS = ("protocol", "deterministic")
 
-# A denoiser's paper row sets its backbone's row beside it (``jobs.compare._paper_models``).
-DENOISER_BACKBONES = {"RecDenoiser": "SASRec", "BERT4RecDenoiser": "BERT4Rec"}
+
+def denoisers_of(backbone: str) -> list[str]:
+    """The plugin's denoisers whose ``default_backbone`` is ``backbone``: a denoiser's
+    paper row sets its backbone's row beside it (``jobs.compare._paper_models``)."""
+    from recbole_freq.model import MODELS
+    from recbole_freq.model.sequential_recommender.recdenoiser import DenoisingRecommender
+
+    return [
+        name
+        for name, klass in MODELS.items()
+        if issubclass(klass, DenoisingRecommender) and klass.default_backbone == backbone
+    ]
 
 
 def paper_deviations(record: dict) -> list[str] | None:
@@ -350,11 +368,15 @@ def paper_deviations(record: dict) -> list[str] | None:
     of the file it ran with another value (the loss, sizes, patience; a setting the run
     predates is read as what the code then did), and an epoch cap that ended it before its
     patience could; ``None`` when no paper file names its dataset and protocol."""
+    return deviations_from(record, todays_paper_settings(record)[0])
+
+
+def deviations_from(record: dict, settings: dict | None) -> list[str] | None:
+    """``paper_deviations`` against paper settings already read."""
     from recbole_freq.jobs.compare.runs import SETTINGS_BEFORE_THEY_EXISTED
     from recbole_freq.jobs.compare.tables import capped_by_epochs
     from recbole_freq.protocol.pieces import comparable_label
 
-    settings, _ = todays_paper_settings(record)
     if settings is None:
         return None
     summary = record["summary"]
@@ -391,8 +413,7 @@ def row_records(root: Path = ROOT) -> list[dict]:
     from recbole_freq.jobs.compare.tables import recorded_loss
 
     groups: dict[tuple, dict] = {}
-    for path in sorted((root / "benchmarks" / "results").glob("**/runs/*.json")):
-        record = json.loads(path.read_text(encoding="utf-8"))
+    for path, record in run_files(root):
         summary = record["summary"]
         protocol = summary.get("protocol") if isinstance(summary.get("protocol"), dict) else None
         folder = path.parent.parent.relative_to(root / "benchmarks" / "results").as_posix()
@@ -410,8 +431,8 @@ def row_records(root: Path = ROOT) -> list[dict]:
         if protocol is None:
             verdict, source = "cannot tell: its run file records no protocol", ""
         else:
-            deviations = paper_deviations(record)
-            source = todays_paper_settings(record)[1]
+            settings, source = todays_paper_settings(record)
+            deviations = deviations_from(record, settings)
             verdict = (
                 "no published row: " + source
                 if deviations is None
