@@ -40,6 +40,11 @@ if [ -d "$data/amazon-beauty" ]; then
   "$python" benchmarks/bench_epoch.py --out "$out" --name epoch-amazon-beauty-cuda \
     --dataset amazon-beauty --data_path "$data" --device cuda --epochs 3 \
     --models SASRec,BSARec || echo "gpu_suite: bench_epoch (SASRec, BSARec) failed: $?"
+  # --paper's determinism gives torch one CPU thread; on CUDA the loader's collation is
+  # the CPU's work, so one run with 8 tells whether that thread bounds the plain epoch.
+  "$python" benchmarks/bench_epoch.py --out "$out" --name epoch-amazon-beauty-cuda-8-threads \
+    --dataset amazon-beauty --data_path "$data" --device cuda --epochs 3 --threads 8 \
+    --modes plain --models BSARec || echo "gpu_suite: bench_epoch (8 threads) failed: $?"
   "$python" benchmarks/bench_epoch.py --out "$out" --name epoch-amazon-beauty-cuda-more \
     --dataset amazon-beauty --data_path "$data" --device cuda --epochs 2 \
     --modes "plain,overlapped + compiled" --models PolyRec,FEARec \
