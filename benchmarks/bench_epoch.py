@@ -1,6 +1,8 @@
 """Seconds per epoch of one run alone, training and validation apart, with the plain step,
 the overlapped loader (``overlap_loader``) and the overlapped loader with the compiled
-step (``compile_step``: CUDA graphs on CUDA, inductor's kernels on the CPU).
+step (``compile_step``: CUDA graphs on CUDA, inductor's kernels on the CPU); on request
+(``--modes "RecBole's loop,plain"``) the plain step in RecBole's own training loop, which
+reads each step's loss from the device, against the plugin's (``fast_step.train_pass``).
 
     python benchmarks/bench_epoch.py --dataset lastfm --data_path /work/data \\
         --models SASRec,BSARec --epochs 3 --out benchmarks/results/epoch-time
@@ -17,6 +19,7 @@ the modes can be compared: the overlapped loader must give the plain run's numbe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -27,6 +30,9 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 MODES = {
+    # RecBole's own training loop (a read of the loss and a NaN test each step), against
+    # which "plain" (fast_step.train_pass: neither) is measured.
+    "RecBole's loop": {"overlap_loader": False, "compile_step": False, "loop": "recbole"},
     "plain": {"overlap_loader": False, "compile_step": False},
     "overlapped loader": {"overlap_loader": True, "compile_step": False},
     "overlapped + compiled": {"overlap_loader": True, "compile_step": True},
@@ -37,7 +43,7 @@ def one_run(model: str, mode: str, args) -> dict:
     from recbole_freq.quick_start import run
 
     settings = dict(
-        MODES[mode],
+        {key: value for key, value in MODES[mode].items() if key != "loop"},
         data_path=args.data_path,
         epochs=args.epochs,
         show_progress=False,
@@ -51,13 +57,14 @@ def one_run(model: str, mode: str, args) -> dict:
         settings["torch_threads"] = args.threads
     started = time.perf_counter()
     paper = args.paper
-    try:
-        summary = run(model, args.dataset, config_dict=settings, paper=paper, saved=False)
-    except ValueError as error:
-        if not (paper and str(error).startswith("no paper settings")):
-            raise
-        paper = False  # the model's own defaults, labelled in the table
-        summary = run(model, args.dataset, config_dict=settings, paper=paper, saved=False)
+    with recboles_loop(MODES[mode].get("loop") == "recbole"):
+        try:
+            summary = run(model, args.dataset, config_dict=settings, paper=paper, saved=False)
+        except ValueError as error:
+            if not (paper and str(error).startswith("no paper settings")):
+                raise
+            paper = False  # the model's own defaults, labelled in the table
+            summary = run(model, args.dataset, config_dict=settings, paper=paper, saved=False)
     history = summary["history"]
     return {
         "model": model,
@@ -74,6 +81,23 @@ def one_run(model: str, mode: str, args) -> dict:
         "device": summary["device"],
         "environment": summary.get("environment"),
     }
+
+
+@contextlib.contextmanager
+def recboles_loop(wanted: bool):
+    """RecBole's ``Trainer._train_epoch`` in place of ``fast_step.train_pass`` while the
+    block runs (a run in this process)."""
+    from recbole.trainer import Trainer
+
+    from recbole_freq.protocol import trainer as trainer_module
+
+    ours = trainer_module.train_pass
+    if wanted:
+        trainer_module.train_pass = lambda trainer, *args: Trainer._train_epoch(trainer, *args)
+    try:
+        yield
+    finally:
+        trainer_module.train_pass = ours
 
 
 def later_mean(values: list) -> float | None:
@@ -147,7 +171,7 @@ def main(argv=None) -> int:
         help="folder of prepared datasets (default: RecBole's bundled ml-100k)",
     )
     parser.add_argument("--models", default="SASRec,BSARec")
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--modes", default=",".join(m for m in MODES if m != "RecBole's loop"))
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--seed", type=int, default=2020)

@@ -40,8 +40,12 @@ if [ -d "$data/amazon-beauty" ]; then
   "$python" benchmarks/bench_epoch.py --out "$out" --name epoch-amazon-beauty-cuda \
     --dataset amazon-beauty --data_path "$data" --device cuda --epochs 3 \
     --models SASRec,BSARec || echo "gpu_suite: bench_epoch (SASRec, BSARec) failed: $?"
-  # --paper's determinism gives torch one CPU thread; on CUDA the loader's collation is
-  # the CPU's work, so one run with 8 tells whether that thread bounds the plain epoch.
+  # What bounds the plain epoch: RecBole's loop (a read of the loss every step) against
+  # the plugin's; then 8 CPU threads (--paper's determinism gives torch one, and on CUDA
+  # the loader's collation is the CPU's work).
+  "$python" benchmarks/bench_epoch.py --out "$out" --name epoch-amazon-beauty-cuda-loop \
+    --dataset amazon-beauty --data_path "$data" --device cuda --epochs 3 \
+    --modes "RecBole's loop,plain" --models BSARec || echo "gpu_suite: bench_epoch (loop) failed: $?"
   "$python" benchmarks/bench_epoch.py --out "$out" --name epoch-amazon-beauty-cuda-8-threads \
     --dataset amazon-beauty --data_path "$data" --device cuda --epochs 3 --threads 8 \
     --modes plain --models BSARec || echo "gpu_suite: bench_epoch (8 threads) failed: $?"

@@ -2,6 +2,8 @@
 overlapped loader gives the same run bit for bit, the compiled step the same numbers to
 float rounding; ``tests/test_gpu.py`` checks both on CUDA (pinned copies, CUDA graphs)."""
 
+import copy
+import sys
 import threading
 
 import pytest
@@ -137,3 +139,152 @@ def test_a_mode_that_is_not_torch_compiles_is_refused(small_config):
         run(
             "SASRec", "tiny", config_dict=dict(small_config, compile_step=True, compile_mode="fast")
         )
+
+
+# --- the epoch without per-step waits (fast_step.train_pass) -------------------------
+
+
+def _recbole_pass(trainer_object, train_data, epoch_idx, loss_func=None, show_progress=False):
+    from recbole.trainer import Trainer
+
+    return Trainer._train_epoch(trainer_object, train_data, epoch_idx, loss_func, show_progress)
+
+
+@pytest.mark.parametrize(
+    "model, extra",
+    [("SASRec", {}), ("BSARec", {"train_loss": "bce"}), ("DuoRec", {})],
+)
+def test_the_epoch_without_waits_is_recboles_epoch_bit_for_bit(
+    small_config, monkeypatch, model, extra
+):
+    """The losses summed on the device in float64 equal RecBole's Python sums of
+    ``loss.item()``, and the weights are the same bits."""
+    settings = dict(small_config, **extra)
+    ours = run(model, "tiny", config_dict=settings)
+    monkeypatch.setattr(trainer, "train_pass", _recbole_pass)
+    recboles = run(model, "tiny", config_dict=settings)
+    assert _numbers(ours) == _numbers(recboles)
+    assert ours["weights_sha256"] == recboles["weights_sha256"]
+
+
+def _tiny_trainer(small_config, model="SASRec"):
+    from recbole_freq.quick_start.quick_start import prepare_run
+
+    config, _, (train, _, _), network = prepare_run(model, "tiny", config_dict=small_config)
+    return trainer.trainer_for(config, network), train
+
+
+class _HostReads:
+    """Counts the training loop's own reads of a tensor's value by the host (``item``,
+    ``bool``, called from RecBole's trainer module or from ``fast_step``), not the model's,
+    the loader's or the optimiser's."""
+
+    LOOPS = ("fast_step.py", "recbole/trainer/trainer.py")
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        for name in ("item", "__bool__"):
+            real = getattr(torch.Tensor, name)
+
+            def counting(tensor, _real=real):
+                caller = sys._getframe(1).f_code.co_filename.replace("\\", "/")
+                self.count += caller.endswith(self.LOOPS)
+                return _real(tensor)
+
+            monkeypatch.setattr(torch.Tensor, name, counting)
+
+
+def test_the_epoch_reads_the_device_once_per_fifty_steps_not_twice_a_step(
+    small_config, monkeypatch
+):
+    """A tuple of loss parts (each summed apart, as RecBole does) over more than 50
+    batches: the loop reads the NaN flag every 50 steps and at the end and each part's sum
+    once, where RecBole's reads each part and the NaN test every step; the sums equal
+    RecBole's to the bit."""
+    settings = dict(small_config, train_batch_size=4)
+    freq_trainer, train = _tiny_trainer(settings)
+    assert len(train) > fast_step.NAN_CHECK_EVERY
+
+    def two_parts(interaction):
+        loss = freq_trainer.model.calculate_loss(interaction)
+        return loss, 0.5 * loss
+
+    start = copy.deepcopy(freq_trainer.model.state_dict())
+    passes = {}
+    for name, one_pass in (("ours", fast_step.train_pass), ("recbole", _recbole_pass)):
+        freq_trainer.model.load_state_dict(start)
+        freq_trainer.optimizer = freq_trainer._build_optimizer()
+        torch.manual_seed(0)
+        train.generator.manual_seed(settings["seed"])
+        with monkeypatch.context() as patch:
+            reads = _HostReads(patch)
+            losses = one_pass(freq_trainer, train, 0, two_parts)
+        passes[name] = (losses, reads.count)
+    (ours, our_reads), (theirs, their_reads) = passes["ours"], passes["recbole"]
+    assert our_reads == len(train) // fast_step.NAN_CHECK_EVERY + 1 + 2  # flags; two sums
+    assert their_reads == 3 * len(train)
+    assert isinstance(ours, tuple) and all(isinstance(part, float) for part in ours)
+    assert ours == theirs
+
+
+def test_a_nan_loss_stops_the_epoch_with_recboles_error(small_config):
+    freq_trainer, train = _tiny_trainer(dict(small_config, train_batch_size=4))
+    steps = []
+
+    def nan_at_third(interaction):
+        steps.append(1)
+        loss = freq_trainer.model.calculate_loss(interaction)
+        return loss * float("nan") if len(steps) == 3 else loss
+
+    with pytest.raises(ValueError, match="Training loss is nan"):
+        fast_step.train_pass(freq_trainer, train, 0, nan_at_third)
+    assert len(steps) == fast_step.NAN_CHECK_EVERY  # stopped at the first read of the flag
+
+
+def test_a_builtin_trainers_own_epoch_is_kept():
+    """A RecBole trainer with an epoch of its own (``trainer_class``'s FreqX) keeps it."""
+    from recbole.trainer import Trainer
+
+    class OwnEpoch(Trainer):
+        def _train_epoch(self, *args, **kwargs):
+            return "its own epoch"
+
+    combined = type("FreqOwnEpoch", (trainer.FreqTrainer, OwnEpoch), {})
+    assert object.__new__(combined)._one_pass(None, 0, None, False) == "its own epoch"
+
+
+def test_the_epoch_bench_times_recboles_loop_against_ours_with_equal_numbers(
+    tiny_data, tmp_path, monkeypatch
+):
+    """``benchmarks/bench_epoch.py --modes "RecBole's loop,plain"``: two real runs, the
+    first through RecBole's loop (its two epochs), the same losses and metrics; the bench
+    leaves the plugin's loop in place."""
+    import json
+    import pathlib
+
+    from recbole.trainer import Trainer
+
+    recbole_epochs = []
+    recboles = Trainer._train_epoch
+
+    def counted(*args, **kwargs):
+        recbole_epochs.append(1)
+        return recboles(*args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "_train_epoch", counted)
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import bench_epoch
+    finally:
+        sys.path.pop(0)
+    argv = ["--dataset", "tiny", "--data_path", str(tiny_data), "--no-paper", "--epochs", "2",
+            "--modes", "RecBole's loop,plain", "--models", "SASRec", "--out", str(tmp_path),
+            "--name", "loops"]  # fmt: skip
+    assert bench_epoch.main(argv) == 0
+    runs = {r["mode"]: r for r in json.loads((tmp_path / "loops.json").read_text())["results"]}
+    assert set(runs) == {"RecBole's loop", "plain"} and len(recbole_epochs) == 2
+    for key in ("train_loss", "valid_score", "test_result"):
+        assert runs["RecBole's loop"][key] == runs["plain"][key]
+    assert trainer.train_pass is fast_step.train_pass
+    assert "| SASRec | RecBole's loop |" in (tmp_path / "loops.md").read_text()

@@ -147,3 +147,25 @@ def test_cuda_graph_step_gives_the_eager_numbers(small_config, model):
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
         assert b["valid_score"] == pytest.approx(a["valid_score"], abs=1e-3)
     assert captured["test_result"] == pytest.approx(eager["test_result"], abs=1e-3)
+
+
+@pytest.mark.parametrize("model", ["SASRec", "BSARec"])
+def test_the_epoch_without_waits_is_recboles_epoch_on_cuda(small_config, monkeypatch, model):
+    """``fast_step.train_pass`` (no per-step read of the loss) on CUDA: RecBole's own
+    loop's run, bit for bit under ``deterministic``."""
+    from recbole.trainer import Trainer
+
+    from recbole_freq.protocol import trainer as trainer_module
+
+    settings = dict(small_config, epochs=2, device="cuda", deterministic=True)
+    ours = run(model, "tiny", config_dict=settings)
+
+    def recboles(trainer, *args):
+        return Trainer._train_epoch(trainer, *args)
+
+    monkeypatch.setattr(trainer_module, "train_pass", recboles)
+    theirs = run(model, "tiny", config_dict=settings)
+    assert [e["train_loss"] for e in ours["history"]] == [
+        e["train_loss"] for e in theirs["history"]
+    ]
+    assert ours["weights_sha256"] == theirs["weights_sha256"]

@@ -92,12 +92,12 @@ def test_ctrl_c_in_a_training_run_is_one_line_and_130(small_config, monkeypatch,
 
 
 def test_ctrl_c_in_the_first_epoch_says_nothing_can_be_resumed(small_config, monkeypatch, capsys):
-    import recbole.trainer.trainer as trainer_module
+    from recbole_freq.protocol import trainer as trainer_module
 
-    def interrupted(self, *args, **kwargs):
+    def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(trainer_module.Trainer, "_train_epoch", interrupted)
+    monkeypatch.setattr(trainer_module, "train_pass", interrupted)  # inside the first epoch
     assert main(["--model=SASRec", "--dataset=tiny", *cli(small_config)]) == 130
     assert "before any epoch completed; nothing to resume" in capsys.readouterr().err
 

@@ -1,7 +1,8 @@
 """A training step and a full-sort evaluation without the loader's and the launches' wait.
 
-Two settings, both off by default, each checked against the plain path by
-``tests/test_fast_step.py``:
+Every epoch: ``train_pass``, RecBole's training loop without its two reads of the device
+in each step (the same numbers, bit for bit).  Two settings, both off by default, each
+checked against the plain path by ``tests/test_fast_step.py``:
 
 - ``overlap_loader: True`` -- ``prefetching``: the loader collates the next batch in
   a background thread while this step runs; on CUDA that batch is also pinned and copied
@@ -226,3 +227,71 @@ class StaticShapeSteps:
             torch.compiler.cudagraph_mark_step_begin()
         scores = self._run("eval", self.model.full_sort_predict, interaction)
         return scores.clone()
+
+
+# Batches between two reads of the NaN flag: a NaN loss stops the epoch within this many
+# steps, and the read (a wait for the device) is paid once per this many steps.
+NAN_CHECK_EVERY = 50
+
+
+def train_pass(trainer, train_data, epoch_idx, loss_func=None, show_progress=False):
+    """RecBole's ``Trainer._train_epoch`` (1.2.1) without its two waits for the device in
+    every step: it reads each batch's loss (``loss.item()``) and tests it for NaN
+    (``torch.isnan(loss)`` as a bool) before the next step may be launched, so on a GPU
+    the Python of step n+1 cannot run while step n's kernels do.  Here the losses are
+    summed on the device in float64 (each batch's loss converted exactly, added in
+    RecBole's order: the same sums, bit for bit, as its Python floats) and a NaN flag is
+    kept there, read every ``NAN_CHECK_EVERY`` batches and at the end (the same
+    ``ValueError``, up to that many batches later).  Everything else is RecBole's step:
+    zero_grad, the loss under ``torch.autocast``, the scaler, ``clip_grad_norm``.
+    Data-parallel training (``single_spec`` false) keeps RecBole's own loop."""
+    from recbole.trainer.trainer import Trainer
+    from recbole.utils import get_gpu_usage, set_color
+    from torch.nn.utils.clip_grad import clip_grad_norm_
+    from tqdm import tqdm
+
+    if not trainer.config["single_spec"]:
+        return Trainer._train_epoch(trainer, train_data, epoch_idx, loss_func, show_progress)
+    trainer.model.train()
+    loss_func = loss_func or trainer.model.calculate_loss
+    iter_data = (
+        tqdm(train_data, total=len(train_data), ncols=100,
+             desc=set_color(f"Train {epoch_idx:>5}", "pink"))
+        if show_progress else train_data
+    )  # fmt: skip
+    # RecBole's scaler as the compatibility module makes it (torch.amp's, for CUDA).
+    scaler = torch.amp.GradScaler("cuda", enabled=trainer.enable_scaler)
+    totals = None  # float64 device tensors: one per loss part, or one
+    nan_seen = None
+    for batch_idx, interaction in enumerate(iter_data):
+        interaction = interaction.to(trainer.device)
+        trainer.optimizer.zero_grad()
+        with torch.autocast(device_type=trainer.device.type, enabled=trainer.enable_amp):
+            losses = loss_func(interaction)
+        parts = losses if isinstance(losses, tuple) else (losses,)
+        loss = sum(parts) if isinstance(losses, tuple) else losses
+        exact = [part.detach().to(torch.float64) for part in parts]
+        totals = exact if totals is None else [t + e for t, e in zip(totals, exact)]
+        flag = torch.isnan(loss.detach())
+        nan_seen = flag if nan_seen is None else nan_seen | flag
+        if (batch_idx + 1) % NAN_CHECK_EVERY == 0:
+            _raise_if_nan(nan_seen)
+        scaler.scale(loss).backward()
+        if trainer.clip_grad_norm:
+            clip_grad_norm_(trainer.model.parameters(), **trainer.clip_grad_norm)
+        scaler.step(trainer.optimizer)
+        scaler.update()
+        if trainer.gpu_available and show_progress:
+            iter_data.set_postfix_str(
+                set_color("GPU RAM: " + get_gpu_usage(trainer.device), "yellow")
+            )
+    if totals is None:
+        return None
+    _raise_if_nan(nan_seen)
+    values = [total.item() for total in totals]
+    return tuple(values) if isinstance(losses, tuple) else values[0]
+
+
+def _raise_if_nan(nan_seen: torch.Tensor) -> None:
+    if bool(nan_seen):
+        raise ValueError("Training loss is nan")  # RecBole's _check_nan's words

@@ -65,7 +65,7 @@ from recbole.trainer import Trainer
 from recbole.utils import EvaluatorType
 
 from recbole_freq.model.abstract_recommender import TransformerRecommender
-from recbole_freq.protocol.fast_step import StaticShapeSteps, prefetching
+from recbole_freq.protocol.fast_step import StaticShapeSteps, prefetching, train_pass
 from recbole_freq.protocol.losses import (
     MASKED_NEXT,
     SAMPLED_LOSSES,
@@ -211,20 +211,26 @@ class FreqTrainer(Trainer):
 
     def _train_epoch_in_amp_dtype(self, train_data, epoch_idx, loss_func, show_progress):
         if not (self.enable_amp and self.amp_dtype):
-            return super()._train_epoch(
-                train_data, epoch_idx, loss_func=loss_func, show_progress=show_progress
-            )
+            return self._one_pass(train_data, epoch_idx, loss_func, show_progress)
         # RecBole's epoch opens `torch.autocast(device_type)` without a dtype, which takes
         # the device's default: amp_dtype sets that default for the epoch.
         device_type = self.device.type
         previous = torch.get_autocast_dtype(device_type)
         torch.set_autocast_dtype(device_type, getattr(torch, self.amp_dtype))
         try:
-            return super()._train_epoch(
-                train_data, epoch_idx, loss_func=loss_func, show_progress=show_progress
-            )
+            return self._one_pass(train_data, epoch_idx, loss_func, show_progress)
         finally:
             torch.set_autocast_dtype(device_type, previous)
+
+    def _one_pass(self, train_data, epoch_idx, loss_func, show_progress):
+        # RecBole's own loop where a built-in's trainer (FreqX of trainer_class) has its
+        # own epoch; the loop without per-step waits for the device otherwise.
+        following = super()._train_epoch
+        if getattr(following, "__func__", None) is not Trainer._train_epoch:
+            return following(
+                train_data, epoch_idx, loss_func=loss_func, show_progress=show_progress
+            )
+        return train_pass(self, train_data, epoch_idx, loss_func, show_progress)
 
     def _record_model_report(self, epoch_idx) -> None:
         # What a plugin model reports of each epoch (how many links the denoising masks
