@@ -4,6 +4,7 @@
     python benchmarks/lease.py bring_back FILES_AT          # back here, after the lease
     python benchmarks/lease.py prepare                      # before the lease, if needed
     python benchmarks/lease.py status                       # what the queue still needs
+    python benchmarks/lease.py code_bundle --since START --to .lease-data/code.bundle
 
 ``run``, within ``--minutes`` from its start:
 1. the GPU suite (``benchmarks/gpu_suite.sh``: the CUDA tests and the speed tables) when
@@ -31,6 +32,13 @@ lowest-priority queue items into ``.lease-held/`` (ignored by git) until the tre
 and lists them in ``benchmarks/lease-held.json``; ``run`` skips those items (started
 without their state, they would train again from scratch), and ``bring_back`` moves the
 states back.
+
+``code_bundle``: a lent machine is sent the working tree with the ``.git`` of the commit
+the session started from (START), so runs there would record START "with uncommitted
+changes".  The commits since START, written here as a git bundle (small unless resume
+states were committed since) and carried, are applied by ``run --code_bundle`` before
+anything runs (``git fetch`` of the bundle, ``git reset`` of HEAD and the index to it; the
+working tree is already that commit's), so each run records the commit it ran.
 
 The lease's own clock decides everything: nothing here depends on the machine being a
 GPU but the suite, so the same script is tried on a CPU with a one-minute budget
@@ -161,6 +169,44 @@ def progress(root: Path, item: dict) -> dict:
         else []
     )
     return {"stored": len(stored), "total": len(item["runs"]), "states": states}
+
+
+# ---------------------------------------------------------------------------- the code
+
+BUNDLE_REF = "refs/heads/lease-code"
+
+
+def _git(root: Path, *args: str) -> str:
+    # Neither hooks nor a file-system monitor run (as recbole_freq's code_identity).
+    command = ["git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-C",
+               str(root), *args]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise LeaseError(f"git {' '.join(args)}: {(done.stderr or done.stdout).strip()}")
+    return done.stdout.strip()
+
+
+def code_bundle(root: Path, since: str, to: Path) -> str:
+    """The commits from ``since`` to HEAD as a git bundle at ``to``; '' where HEAD is
+    ``since`` (the lent machine has the code)."""
+    head = _git(root, "rev-parse", "HEAD")
+    if head == _git(root, "rev-parse", f"{since}^{{commit}}"):
+        return ""
+    _git(root, "update-ref", BUNDLE_REF, head)
+    try:
+        to.parent.mkdir(parents=True, exist_ok=True)
+        _git(root, "bundle", "create", str(to), BUNDLE_REF, f"^{since}")
+    finally:
+        _git(root, "update-ref", "-d", BUNDLE_REF)
+    return head
+
+
+def apply_code_bundle(root: Path, bundle: Path) -> str:
+    """HEAD and the index of the checkout at ``root`` moved to the bundle's commit (the
+    working tree, already that commit's, untouched); that commit."""
+    _git(root, "fetch", "-q", str(bundle), BUNDLE_REF)
+    _git(root, "reset", "-q", "FETCH_HEAD")
+    return _git(root, "rev-parse", "HEAD")
 
 
 # ---------------------------------------------------------------------------- run
@@ -361,6 +407,8 @@ def run(args) -> int:
     root = Path(args.root).resolve()
     items = load_queue(root, args.queue)
     log = lambda line: print(f"[{time.monotonic() - start:6.0f} s] {line}", flush=True)  # noqa: E731
+    if args.code_bundle:
+        log(f"code: {apply_code_bundle(root, Path(args.code_bundle))} (from {args.code_bundle})")
     before = snapshot(root)
     progress_before = {item["name"]: progress(root, item) for item in items}
     suite = run_suite(root, args, deadline, log)
@@ -534,6 +582,9 @@ def main(argv=None) -> int:
     lease.add_argument(
         "--checkpoint_dir", default="/tmp/lease-saved", help="best weights (not brought back)"
     )
+    lease.add_argument(
+        "--code_bundle", default=None, help="commits to apply first (the code_bundle command)"
+    )
     lease.add_argument("--suite", choices=["auto", "yes", "no"], default="auto")
     lease.add_argument("--suite_minutes", type=float, default=3.0)
     lease.add_argument(
@@ -561,6 +612,9 @@ def main(argv=None) -> int:
     held = commands.add_parser("prepare", help="hold back resume states until the tree travels")
     held.add_argument("--tree_mib", type=float, default=TREE_BYTES / 2**20, help="the tree's limit")
     commands.add_parser("status", help="the queue's progress")
+    bundle = commands.add_parser("code_bundle", help="the commits since START, for a lease")
+    bundle.add_argument("--since", required=True, help="the commit the lent machine has")
+    bundle.add_argument("--to", required=True, help="the bundle to write (a carried folder)")
     # Anything else (--epochs=3 ...) is a --compare setting given to every item.
     args, args.extra = parser.parse_known_args(argv)
     if args.extra and args.command != "run":
@@ -575,6 +629,10 @@ def main(argv=None) -> int:
                 except ImportError:
                     args.at_once = 1
             return run(args)
+        if args.command == "code_bundle":
+            head = code_bundle(Path(args.root).resolve(), args.since, Path(args.to))
+            print(f"{args.to}: {head}" if head else "HEAD is the commit given: no bundle")
+            return 0
         return {"bring_back": bring_back, "prepare": prepare, "status": status}[args.command](args)
     except LeaseError as error:
         print(f"error: {error}", file=sys.stderr)

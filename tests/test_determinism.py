@@ -120,10 +120,37 @@ def test_a_run_file_records_the_commit_of_the_code_it_ran():
     code = environment_record({"device": "cpu"})["code"]
     assert code["commit"] == head.stdout.strip()
     changed = subprocess.run(
-        ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+        ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", ".",
+         ":(exclude)benchmarks/results"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     assert code["uncommitted_changes"] is bool(changed)
+
+
+def test_stored_results_changing_are_not_uncommitted_code(tmp_path):
+    """A run file or resume state written, changed or missing under benchmarks/results
+    (a lent machine is sent the tree without some states) leaves the code unchanged; an
+    edited package file does not."""
+    from recbole_freq.utils.reproducibility import checkout_state
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    (tmp_path / "recbole_freq").mkdir()
+    (tmp_path / "recbole_freq" / "model.py").write_text("x = 1\n")
+    results = tmp_path / "benchmarks" / "results" / "a" / "partial"
+    results.mkdir(parents=True)
+    (results / "run.resume.pth").write_bytes(b"state")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
+    commit, changed = checkout_state(tmp_path)
+    assert len(commit) == 40 and changed is False
+    (results / "run.resume.pth").unlink()
+    assert checkout_state(tmp_path) == (commit, False)
+    (tmp_path / "recbole_freq" / "model.py").write_text("x = 2\n")
+    assert checkout_state(tmp_path) == (commit, True)
+    assert checkout_state(tmp_path / "recbole_freq") == (None, None)  # not a checkout
 
 
 def test_deterministic_pins_threads_and_turns_deterministic_algorithms_on_and_off_again():

@@ -156,3 +156,45 @@ def test_prepare_holds_back_the_lowest_priority_states_and_bring_back_returns_th
     assert json.loads((root / lease.HELD_LIST).read_text()) == {"items": ["dry"]}
     assert lease.restore_held(root) == 1
     assert states["dry"].read_bytes() == b"dry" * 2**20 and not (root / lease.HELD_LIST).exists()
+
+
+def test_the_commits_since_the_lent_machines_travel_as_a_bundle_and_are_applied(tmp_path):
+    """``code_bundle --since START`` here; ``run --code_bundle`` there, on a checkout whose
+    .git is START and whose files are HEAD's: HEAD and a clean status, so runs record the
+    commit they run."""
+
+    def git(root, *args):
+        return subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c",
+                               "user.email=t@t", *args], check=True, capture_output=True,
+                              text=True).stdout.strip()  # fmt: skip
+
+    home = tmp_path / "home"
+    (home / "recbole_freq").mkdir(parents=True)
+    (home / "recbole_freq" / "code.py").write_text("x = 1\n")
+    git(home, "init", "-q")
+    git(home, "add", ".")
+    git(home, "commit", "-q", "-m", "start")
+    start = git(home, "rev-parse", "HEAD")
+    assert lease.code_bundle(home, start, tmp_path / "none.bundle") == ""
+    (home / "recbole_freq" / "code.py").write_text("x = 2\n")
+    git(home, "commit", "-q", "-am", "later")
+    head = git(home, "rev-parse", "HEAD")
+    bundle = tmp_path / "carried" / "code.bundle"
+    assert lease.main(["--root", str(home), "code_bundle", "--since", start, "--to",
+                       str(bundle)]) == 0  # fmt: skip
+    assert "lease-code" not in git(home, "branch", "--list")
+
+    lent = tmp_path / "lent"
+    git(tmp_path, "clone", "-q", str(home), str(lent))
+    git(lent, "reset", "-q", "--hard", start)  # the lent machine's .git
+    (lent / "recbole_freq" / "code.py").write_text("x = 2\n")  # the tree sent: HEAD's
+    assert git(lent, "status", "--porcelain", "--untracked-files=no")
+    git(lent, "remote", "remove", "origin")
+    git(lent, "reflog", "expire", "--expire=now", "--all")
+    git(lent, "gc", "-q", "--prune=now")  # HEAD's commit only in the bundle
+    with pytest.raises(subprocess.CalledProcessError):
+        git(lent, "cat-file", "-e", head)
+    assert lease.apply_code_bundle(lent, bundle) == head
+    assert git(lent, "status", "--porcelain", "--untracked-files=no") == ""
+    with pytest.raises(lease.LeaseError, match="git fetch"):
+        lease.apply_code_bundle(lent, tmp_path / "missing.bundle")

@@ -148,34 +148,46 @@ def code_identity() -> dict:
     processes and record their own)."""
     global _CODE_IDENTITY
     if _CODE_IDENTITY is None:
-        import subprocess
         from pathlib import Path
 
-        root = Path(__file__).resolve().parents[2]
-        commit = changed = None
-        # Neither hooks nor a file-system monitor (core.fsmonitor names a program) run:
-        # nothing in the checkout's git configuration executes.
-        git = ["git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
-               "--no-optional-locks", "-C", str(root)]  # fmt: skip
-        try:
-            if (root / ".git").exists() and (root / "recbole_freq").is_dir():
-                commit = subprocess.run(
-                    [*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=20,
-                    check=True,
-                ).stdout.strip() or None  # fmt: skip
-                status = subprocess.run(
-                    [*git, "status", "--porcelain", "--untracked-files=no"],
-                    capture_output=True, text=True, timeout=60, check=True,
-                ).stdout  # fmt: skip
-                changed = bool(status.strip())
-        except (OSError, subprocess.SubprocessError):
-            commit = changed = None
+        commit, changed = checkout_state(Path(__file__).resolve().parents[2])
         _CODE_IDENTITY = {
             "commit": commit,
             "uncommitted_changes": changed,
             "recbole_freq_version": _version("recbole-freq"),
         }
     return dict(_CODE_IDENTITY)
+
+
+# What a checkout holds that is not code: the stored results (run files, resume states)
+# change as runs go on, and a lent machine is sent the tree without some of them.
+NOT_CODE = ("benchmarks/results",)
+
+
+def checkout_state(root) -> tuple[str | None, bool | None]:
+    """``(commit, uncommitted_changes)`` of the git checkout at ``root`` (both None where
+    it is none, or git is missing); changes under ``NOT_CODE`` are not changes of code."""
+    import subprocess
+
+    # Neither hooks nor a file-system monitor (core.fsmonitor names a program) run:
+    # nothing in the checkout's git configuration executes.
+    git = ["git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
+           "--no-optional-locks", "-C", str(root)]  # fmt: skip
+    if not ((root / ".git").exists() and (root / "recbole_freq").is_dir()):
+        return None, None
+    try:
+        commit = subprocess.run(
+            [*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=20,
+            check=True,
+        ).stdout.strip() or None  # fmt: skip
+        status = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no", "--", ".",
+             *(f":(exclude){path}" for path in NOT_CODE)],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    return commit, bool(status.strip())
 
 
 def environment_record(config) -> dict:
