@@ -27,11 +27,12 @@ into this checkout (atomically; only regular files under ``benchmarks/results/``
 removes the resume states of runs the lease stored.
 
 ``prepare``: a lent machine takes at most 64 MiB of working tree, and every resume state
-in the repository travels (14 MB each on Beauty).  ``prepare`` moves the states of the
-lowest-priority queue items into ``.lease-held/`` (ignored by git) until the tree fits,
-and lists them in ``benchmarks/lease-held.json``; ``run`` skips those items (started
-without their state, they would train again from scratch), and ``bring_back`` moves the
-states back.
+in the repository travels (14 MB each on Beauty).  ``prepare`` moves into ``.lease-held/``
+(ignored by git), until the tree fits: first the stored results outside the queue's
+folders (the lease neither continues nor reads them), then the states of the
+lowest-priority queue items, listed in ``benchmarks/lease-held.json``; ``run`` skips those
+items (started without their state, they would train again from scratch), and
+``bring_back`` moves everything back.
 
 ``code_bundle``: a lent machine is sent the working tree with the ``.git`` of the commit
 the session started from (START), so runs there would record START "with uncommitted
@@ -375,8 +376,9 @@ def pack(root: Path, before: dict, after: dict, out: Path, status: str, items: l
 
 
 def status_table(
-    root: Path, items: list[dict], before: dict | None = None, outcome=None, suite=None
-) -> str:
+    root: Path, items: list[dict], before: dict | None = None, outcome=None, suite=None,
+    queue: str = QUEUE,
+) -> str:  # fmt: skip
     rows = [
         "| item | fills | runs stored | resume states | this lease |",
         "|---|---|---:|---|---|",
@@ -391,7 +393,7 @@ def status_table(
             f"{(outcome or {}).get(item['name'], '')} |"
         )
     text = [
-        f"# Lease status ({time.strftime('%Y-%m-%d %H:%M')}, queue {QUEUE})",
+        f"# Lease status ({time.strftime('%Y-%m-%d %H:%M')}, queue {queue})",
         "",
         *rows,
         "",
@@ -414,7 +416,7 @@ def run(args) -> int:
     suite = run_suite(root, args, deadline, log)
     outcome = run_queue(root, items, args, deadline, log)
     after = snapshot(root)
-    status = status_table(root, items, progress_before, outcome, suite)
+    status = status_table(root, items, progress_before, outcome, suite, args.queue)
     manifest = pack(root, before, after, Path(args.out), status, items)
     log(
         f"{len(manifest['files'])} files in {len(manifest['parts'])} part(s), "
@@ -521,6 +523,10 @@ def prepare(args) -> int:
     items = load_queue(root, args.queue)
     limit = int(args.tree_mib * 2**20) - DATA_ROOM
     size = travelling_bytes(root)
+    outside = (0, 0)
+    if size > limit:
+        outside = hold_results_outside(root, [item["folder"] for item in items])
+        size -= outside[1]
     held = []
     for item in reversed(items):  # the lowest priority first
         if size <= limit:
@@ -539,16 +545,40 @@ def prepare(args) -> int:
         (root / HELD_LIST).write_text(json.dumps({"items": held}, indent=2))
     print(
         f"the tree that travels: {size / 2**20:.1f} MiB (limit {limit / 2**20:.0f} MiB with room "
-        f"for the data); held back: {', '.join(held) or 'nothing'}"
+        f"for the data); held back: {outside[0]} result files outside the queue's folders "
+        f"({outside[1] / 2**20:.1f} MiB); the states of {', '.join(held) or 'no item'}"
     )
     return 0 if size <= limit else 1
+
+
+def hold_results_outside(root: Path, folders: list[str]) -> tuple[int, int]:
+    """Every file under ``benchmarks/results/`` outside the queue's ``folders`` (stored
+    results the lease neither continues nor reads) moved into ``.lease-held/``: (files,
+    bytes).  They go first: holding them back costs the lease nothing."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", RESULTS],
+        cwd=root, capture_output=True, check=True,
+    ).stdout.split(b"\0")  # fmt: skip
+    count = size = 0
+    for name in filter(None, (os.fsdecode(raw) for raw in listed)):
+        if any(name == folder or name.startswith(folder + "/") for folder in folders):
+            continue
+        path = root / name
+        if not path.is_file():
+            continue
+        target = root / HELD_FOLDER / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        size += path.stat().st_size
+        os.replace(path, target)
+        count += 1
+    return count, size
 
 
 def restore_held(root: Path) -> int:
     folder = root / HELD_FOLDER
     moved = 0
     if folder.is_dir():
-        for state in sorted(folder.rglob("*.resume.pth")):
+        for state in sorted(path for path in folder.rglob("*") if path.is_file()):
             target = root / state.relative_to(folder)
             if not target.exists():
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -561,7 +591,7 @@ def restore_held(root: Path) -> int:
 
 def status(args) -> int:
     root = Path(args.root).resolve()
-    print(status_table(root, load_queue(root, args.queue)))
+    print(status_table(root, load_queue(root, args.queue), queue=args.queue))
     return 0
 
 

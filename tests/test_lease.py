@@ -149,13 +149,30 @@ def test_prepare_holds_back_the_lowest_priority_states_and_bring_back_returns_th
         state.parent.mkdir(parents=True)
         state.write_bytes(folder.encode() * 2**20)  # 3-5 MiB
         states[folder] = state
+    # Results no queue item continues or reads: held back first, at no cost to the lease.
+    other = root / "benchmarks" / "results" / "other" / "runs" / "SASRec-seed1.json"
+    other.parent.mkdir(parents=True)
+    other.write_bytes(b"o" * 2**20)
     subprocess.run(["git", "init", "-q", str(root)], check=True)
     # 8 MiB stay free for the data: a 14-MiB limit holds the first item's state alone.
     assert lease.main(["--root", str(root), "prepare", "--tree_mib", "14"]) == 0
-    assert states["first"].is_file() and not states["dry"].exists()
+    assert states["first"].is_file() and not states["dry"].exists() and not other.exists()
+    assert (states["first"].parent.parent / "partial").is_dir()
     assert json.loads((root / lease.HELD_LIST).read_text()) == {"items": ["dry"]}
-    assert lease.restore_held(root) == 1
+    assert lease.restore_held(root) == 2
     assert states["dry"].read_bytes() == b"dry" * 2**20 and not (root / lease.HELD_LIST).exists()
+    assert other.read_bytes() == b"o" * 2**20
+
+
+def test_prepare_keeps_everything_where_the_tree_fits(tmp_path):
+    root = tmp_path / "checkout"
+    make_checkout(root)
+    other = root / "benchmarks" / "results" / "other" / "runs" / "SASRec-seed1.json"
+    other.parent.mkdir(parents=True)
+    other.write_bytes(b"o" * 1024)
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    assert lease.main(["--root", str(root), "prepare"]) == 0
+    assert other.is_file() and not (root / lease.HELD_FOLDER).exists()
 
 
 def test_the_commits_since_the_lent_machines_travel_as_a_bundle_and_are_applied(tmp_path):
