@@ -139,6 +139,21 @@ def test_dropout_keeps_expectation_and_rate():
         Dropout(1.0)
 
 
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
+def test_dropout_gives_the_bits_of_a_cast_boolean_mask(p):
+    """The in-place mask gives, from the same draws, the values and gradients of
+    ``x * (rand >= p).to(x.dtype) / (1 - p)``, so runs stored before it reproduce."""
+    x = torch.randn(4, 50, 64, requires_grad=True)
+    torch.manual_seed(11)
+    ours = Dropout(p).train()(x)
+    (ours_grad,) = torch.autograd.grad(ours.square().sum(), x)
+    torch.manual_seed(11)
+    keep = torch.rand_like(x) >= p
+    cast = x * keep.to(x.dtype).mul_(1.0 / (1.0 - p))
+    (cast_grad,) = torch.autograd.grad(cast.square().sum(), x)
+    assert torch.equal(ours, cast) and torch.equal(ours_grad, cast_grad)
+
+
 def _attention_and_ffn(hidden=8, heads=2, inner=16):
     residual = lambda: StandardResidual(hidden, 0.0, 1e-12)  # noqa: E731
     attention = MultiHeadSelfAttention(hidden, heads, SoftmaxAttention(0.0), residual())

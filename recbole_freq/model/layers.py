@@ -241,8 +241,11 @@ class Dropout(nn.Module):
             return x
         if x.device.type != "cpu":
             return F.dropout(x, self.p, training=True)
-        keep = torch.rand_like(x) >= self.p
-        return x * keep.to(x.dtype).mul_(1.0 / (1.0 - self.p))
+        # The draws become the scaled mask in place (rand >= p as 1.0 / 0.0, then times
+        # 1 / (1 - p)): the same values as a boolean mask cast to x's type, without the
+        # boolean tensor and the cast's copy.
+        mask = torch.rand_like(x).ge_(self.p).mul_(1.0 / (1.0 - self.p))
+        return x * mask
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
