@@ -337,6 +337,20 @@ def test_runs_of_other_settings_are_not_mixed_into_a_row(
     assert not (out / "runs" / f"{model}-seed2.json").exists()
 
 
+def test_settings_the_model_decides_do_not_stop_the_next_seed(small_config, tmp_path, capsys):
+    """Rec-Denoiser leaves its backbone's switches unset (~) and records what the backbone
+    decided (input_position_embedding True, ...): its stored run is today's settings, and
+    the next call adds the next seed beside it."""
+    out = tmp_path / "cmp"
+    overrides = overrides_of(small_config, epochs=1)
+    args = ["--compare", "RecDenoiser", "--dataset=tiny", "--out", str(out), *cli_args(overrides)]
+    assert main([*args, "--seeds", "1"]) == 0
+    recorded = json.loads((out / "runs" / "RecDenoiser-seed1.json").read_text())
+    assert recorded["summary"]["config"]["input_position_embedding"] is True
+    assert main([*args, "--seeds", "1,2"]) == 0, capsys.readouterr().err
+    assert (out / "runs" / "RecDenoiser-seed2.json").is_file()
+
+
 def test_a_failed_run_ends_the_grid_in_one_line_with_its_tables_and_the_way_on(
     small_config, tmp_path, monkeypatch, capsys
 ):

@@ -372,10 +372,15 @@ def check_stored_settings(
         if not isinstance(stored, dict):
             continue
         stored = {**_implied_settings(now), **stored}
+        # A setting left to the model (~ in its property file: what Rec-Denoiser's
+        # backbone decides) is recorded as the value the model chose from the others,
+        # which are compared here.
         differences = [
             f"{key} {stored[key]!r} then, {now[key]!r} now"
             for key in sorted(set(stored) & set(now))
-            if key not in PLACE_SETTINGS and str(stored[key]) != str(now[key])
+            if key not in PLACE_SETTINGS
+            and now[key] is not None
+            and str(stored[key]) != str(now[key])
         ]
         if differences:
             shown = "; ".join(differences[:4]) + ("; ..." if len(differences) > 4 else "")
