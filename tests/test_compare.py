@@ -521,13 +521,14 @@ def test_published_figures_sit_beside_a_table_of_their_protocol_only():
 
     figures = published_figures("lastfm", ["bsarec", "bsarec+train_loss=bce"])
     # Table 2, the authors' code here, Table 7 (ablations), the FBSARec thesis, WEARec's
-    # released log
+    # and TV-Rec's released logs
     assert [figure["name"] for figure in figures] == [
         "paper",
         "authors' code here",
         "paper, Table 7",
         "thesis",
         "authors' log, WEARec",
+        "authors' log, TV-Rec",
     ]
     assert published_figures("lastfm", ["bsarec+sequence_layout=right"]) == []
     assert published_figures("lastfm", ["bsarec", "recbole"]) == []

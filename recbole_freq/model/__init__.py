@@ -18,6 +18,7 @@ from recbole_freq.model.sequential_recommender import (
     SLIME4Rec,
     TiSASRec,
     TransitionCount,
+    TVRec,
     WEARec,
 )
 
@@ -39,6 +40,7 @@ MODELS = {
         BERT4RecDenoiser,
         TransitionCount,
         WEARec,
+        TVRec,
     )
 }
 # Comparisons count these with RecBole's built-ins as baselines (the Improv. row).

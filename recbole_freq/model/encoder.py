@@ -11,7 +11,9 @@ code of its own:
   ``mixer_options``: ``adaptive``), and ``adaptive_global_filter`` and ``band_mixture``
   (MUFFIN's global filter and band mixture, scaled by per-sequence gains that come with
   every forward pass as ``relations``; ``mixer_options``: ``num_bands``,
-  ``freq_dropout_prob``);
+  ``freq_dropout_prob``), and ``graph_filter`` (TV-Rec's time-variant graph filter, the
+  rows' padding with every forward pass as ``relations``; ``mixer_options``: ``order``,
+  ``basis_size``, ``orthogonality_weight``);
 - ``ATTENTION_OPERATORS`` (``attention_operator``): queries, keys and values -> ``A V``
   per head: ``softmax`` (BSARec eq. 1), ``chebyshev`` (PolyRec eq. 10-12), ``denoise``
   (Rec-Denoiser eq. 5), ``frequency_enhanced`` (FEARec's hybrid attention);
@@ -50,6 +52,7 @@ from recbole_freq.model.frequency import (
     SlideFilter,
     slime4rec_bands,
 )
+from recbole_freq.model.graph_filter import GraphFilterMixer, TimeVariantGraphFilter
 from recbole_freq.model.layers import (
     FeedForward,
     MultiHeadSelfAttention,
@@ -139,6 +142,7 @@ ATTENTION_FREE_MIXERS = {
     "wavelet_fourier": "WEARec",
     "adaptive_global_filter": "MUFFIN",
     "band_mixture": "MUFFIN",
+    "graph_filter": "TV-Rec",
 }
 TOKEN_MIXERS = ("self_attention", "bsa", *ATTENTION_FREE_MIXERS)
 BLOCK_NORMS = ("post", "sasrec_pre")
@@ -278,7 +282,7 @@ def _token_mixer(
 ):
     """The token mixer of one block: FMLP-Rec's learnable filter (``filter``), SLIME4Rec's
     band filters (``slide_filter``), MUFFIN's filters (``adaptive_global_filter``,
-    ``band_mixture``), WEARec's
+    ``band_mixture``), TV-Rec's time-variant graph filter (``graph_filter``), WEARec's
     adaptive wavelet filter (``wavelet_fourier``, ``n_heads`` heads, ``alpha`` the Fourier
     branch's weight), self-attention with ``operator`` (``self_attention``), or BSARec's
     attention beside the frequency rescaler (``bsa``, eq. 5)."""
@@ -301,6 +305,13 @@ def _token_mixer(
             bands = int(mixer_options["num_bands"])
             return BandMixtureMixer(max_seq_length, hidden_size, bands, residual)
         return AdaptiveGlobalMixer(AdaptiveGlobalFilter(max_seq_length, hidden_size), residual)
+    if kind == "graph_filter":
+        graph_filter = TimeVariantGraphFilter(
+            max_seq_length, int(mixer_options.get("order", 50)),
+            int(mixer_options.get("basis_size", 8)),
+            float(mixer_options.get("orthogonality_weight", 0.0)),
+        )  # fmt: skip
+        return GraphFilterMixer(graph_filter, residual_for("filter"))
     if kind == "wavelet_fourier":
         wavelet = AdaptiveWaveletFilter(
             max_seq_length, hidden_size, context.n_heads, alpha,

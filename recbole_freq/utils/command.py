@@ -22,7 +22,8 @@ DEFAULT_MODEL = "BSARec"
 # the two equal).
 PLUGIN_MODEL_NAMES = (
     "BERT4RecDenoiser", "BSARec", "CL4SRec", "DuoRec", "FBSARec", "FEARec", "FMLPRec",
-    "MUFFIN", "PolyRec", "RecDenoiser", "SLIME4Rec", "SSEPT", "TiSASRec", "TransitionCount", "WEARec",
+    "MUFFIN", "PolyRec", "RecDenoiser", "SLIME4Rec", "SSEPT", "TVRec", "TiSASRec",
+    "TransitionCount", "WEARec",
 )  # fmt: skip
 DEFAULT_DATASET = "ml-100k"
 DEFAULT_SEEDS = (2024, 2025, 2026)  # --compare

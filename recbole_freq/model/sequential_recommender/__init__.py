@@ -12,6 +12,7 @@ from recbole_freq.model.sequential_recommender.slime4rec import SLIME4Rec
 from recbole_freq.model.sequential_recommender.ssept import SSEPT
 from recbole_freq.model.sequential_recommender.tisasrec import TiSASRec
 from recbole_freq.model.sequential_recommender.transition_count import TransitionCount
+from recbole_freq.model.sequential_recommender.tvrec import TVRec
 from recbole_freq.model.sequential_recommender.wearec import WEARec
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "SSEPT",
     "TiSASRec",
     "TransitionCount",
+    "TVRec",
     "WEARec",
     "BERT4RecDenoiser",
 ]
