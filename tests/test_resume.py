@@ -472,3 +472,48 @@ def test_a_state_recorded_on_cuda_continues_on_a_cpu_machine(small_config, monke
     torch.save(to_plain_checkpoint(state), state_file)
     assert main(["--resume", state_file]) == 0
     assert "epochs run: 3" in capsys.readouterr().out
+
+
+def test_matched_epochs_read_stored_runs_and_resume_states_alike(
+    small_config, tmp_path, monkeypatch, capsys
+):
+    """``benchmarks/matched_epochs.py``: each run's best validation score within the same
+    first epochs, from a stored run and from an unfinished run's resume state (read with
+    the restricted loader), and no entry for a span the unfinished run has not reached."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location(
+        "matched_epochs", Path(__file__).resolve().parents[1] / "benchmarks" / "matched_epochs.py"
+    )
+    matched = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(matched)
+
+    shared = without_transformer_settings({k: v for k, v in small_config.items() if k != "seed"})
+    shared["epochs"] = 3
+    out = tmp_path / "cmp"
+    args = ["--compare", "SASRec", "--dataset=tiny", "--out", str(out)]
+    assert main([*args, "--seeds", "5", *cli(shared)]) == 0
+    interrupt_at_epoch(monkeypatch, 2)
+    assert main([*args, "--seeds", "6", *cli(shared)]) == 130
+    monkeypatch.undo()
+    stored, state = out / "runs" / "SASRec-seed5.json", out / "partial" / "SASRec-seed6.resume.pth"
+    capsys.readouterr()
+
+    assert (
+        matched.main([str(stored), str(state), "--reference", "SASRec-seed5", "--epochs", "3,1,2"])
+        == 0
+    )
+    table = capsys.readouterr().out.splitlines()
+    finished = [e["valid_score"] for e in json.loads(stored.read_text())["summary"]["history"]]
+    unfinished = [e["valid_score"] for e in resume_module.load_resume_state(state)["history"]]
+    assert len(finished) == 3 and len(unfinished) == 2
+    assert table[0] == "| epochs | SASRec-seed5 | SASRec-seed6 |"
+    for span, line in zip((1, 2), table[2:4]):
+        base, other = max(finished[:span]), max(unfinished[:span])
+        assert line == (
+            f"| 0-{span - 1} | {base:.4f} | {other:.4f} ({100 * (other / base - 1):+.1f}%) |"
+        )
+    assert table[4] == f"| 0-2 | {max(finished):.4f} | - |"
+    assert matched.main([str(stored), "--reference", "BSARec-seed5", "--epochs", "2"]) == 2
+    assert "--reference 'BSARec-seed5' is none of the runs" in capsys.readouterr().err
