@@ -699,3 +699,17 @@ def test_best_yamls_train_it_line_keeps_the_searchs_paper_settings(tmp_path, pap
     write_outputs(summary, tmp_path, ["alpha"], job, {}, {})
     line = next(x for x in (tmp_path / "best.yaml").read_text().splitlines() if "train it" in x)
     assert ("--dataset=lastfm --paper --config_files" in line) == paper
+
+
+@pytest.mark.parametrize(
+    "hyper", sorted(p.name for p in (properties_dir() / "hyper").glob("*.hyper"))
+)
+def test_every_shipped_search_space_is_one_its_model_accepts(tiny_data, hyper):
+    """Each ``properties/hyper/<Model>.hyper`` names only config keys of its model, with
+    values a run of it accepts (the checks a search makes before starting Ray)."""
+    from recbole_freq.jobs.tune.search import _validate_space
+
+    space = parse_hyper_file(properties_dir() / "hyper" / hyper)
+    model = hyper.removesuffix(".hyper")
+    config = FreqConfig(model, "tiny", config_dict={"data_path": str(tiny_data)})
+    _validate_space(space, config, {})
