@@ -1,10 +1,12 @@
 """Shared fixtures: small real datasets and configurations for the real RecBole pipeline."""
 
+import math
 import os
 import random
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import recbole_freq  # noqa: F401  (applies the compatibility fixes first)
@@ -92,6 +94,60 @@ def authors_left_padded(item_seq, item_seq_len):
         items = [item for item in row[:length] if item != 0]
         rows.append([0] * (n - len(items)) + items)
     return torch.tensor(rows, dtype=item_seq.dtype)
+
+
+def as_float64(tensor):
+    """A tensor's values as a float64 numpy array, for the oracles written in numpy."""
+    return tensor.detach().double().numpy()
+
+
+def oracle_layer_norm(x, weight, bias, eps):
+    """The BSARec authors' TF-style LayerNorm (epsilon inside the square root), in numpy."""
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * weight + bias
+
+
+def oracle_gelu(x):
+    """The authors' erf GELU, in numpy."""
+    return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+
+
+def oracle_feed_forward(x, feed_forward, eps):
+    """The authors' ``FeedForward`` (dense, GELU, dense, residual, LayerNorm) of one row
+    ``x`` (n, d), with the weights of the plugin's ``layers.FeedForward``."""
+    inner = oracle_gelu(
+        x @ as_float64(feed_forward.dense_in.weight).T + as_float64(feed_forward.dense_in.bias)
+    )
+    out = inner @ as_float64(feed_forward.dense_out.weight).T
+    out = out + as_float64(feed_forward.dense_out.bias)
+    norm = feed_forward.residual.layer_norm
+    return oracle_layer_norm(x + out, as_float64(norm.weight), as_float64(norm.bias), eps)
+
+
+def rows_of_every_length(n_items, n, seed=3):
+    """``(item_seq, lengths)``: RecBole's right-padded rows of every length 0 .. n."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.arange(n + 1)
+    items = torch.randint(1, n_items, (n + 1, n), generator=generator)
+    item_seq = torch.where(torch.arange(n)[None, :] < lengths[:, None], items, 0)
+    return item_seq, lengths
+
+
+def left_and_right_models(model_class, settings, prepare_weights):
+    """``(config, left, right)``: ``model_class`` built under the authors' left layout, its
+    weights changed by ``prepare_weights``, and the same weights under RecBole's right
+    layout, both in eval mode."""
+    name = model_class.__name__
+    config, train, _, _ = prepare(name, dict(settings, sequence_layout="left"))
+    left = model_class(config, train._dataset).eval()
+    prepare_weights(left)
+    right_config, right_train, _, _ = prepare(name, dict(settings, sequence_layout="right"))
+    right = model_class(right_config, right_train._dataset).eval()
+    right.load_state_dict(left.state_dict())
+    return config, left, right
 
 
 def first_batch(loader):

@@ -13,25 +13,20 @@ import pytest
 import torch
 import yaml
 
-from conftest import REPO_ROOT, authors_left_padded, prepare
+from conftest import (
+    REPO_ROOT,
+    authors_left_padded,
+    left_and_right_models,
+    oracle_feed_forward,
+    prepare,
+    rows_of_every_length,
+)
+from conftest import as_float64 as _np
+from conftest import oracle_layer_norm as layer_norm
 from recbole_freq.config.configurator import FreqConfig
 from recbole_freq.model import TVRec
 from recbole_freq.model.graph_filter import TimeVariantGraphFilter
 from recbole_freq.quick_start.quick_start import run
-
-
-def _np(tensor):
-    return tensor.detach().double().numpy()
-
-
-def layer_norm(x, weight, bias, eps):
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * weight + bias
-
-
-def gelu(x):
-    return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
 
 
 class AuthorsLayer:
@@ -89,11 +84,7 @@ def authors_forward(model, rows, inference=False):
                 filtered = layer.spectral(x)
             norm = block.mixer.residual.layer_norm
             x = layer_norm(x + filtered, _np(norm.weight), _np(norm.bias), eps)
-            ffn = block.feed_forward
-            inner = gelu(x @ _np(ffn.dense_in.weight).T + _np(ffn.dense_in.bias))
-            out = inner @ _np(ffn.dense_out.weight).T + _np(ffn.dense_out.bias)
-            norm = ffn.residual.layer_norm
-            x = layer_norm(x + out, _np(norm.weight), _np(norm.bias), eps)
+            x = oracle_feed_forward(x, block.feed_forward, eps)
         outputs.append(x[-1])
     return torch.tensor(np.stack(outputs), dtype=torch.float32)
 
@@ -106,14 +97,6 @@ def _grow_filters(model, seed):
         for block in model.encoder.blocks:
             layer = block.mixer.filter
             layer.coefficients.copy_(torch.randn(layer.coefficients.shape, generator=generator))
-
-
-def _rows_of_every_length(model, n, seed=3):
-    generator = torch.Generator().manual_seed(seed)
-    lengths = torch.arange(n + 1)
-    items = torch.randint(1, model.n_items, (n + 1, n), generator=generator)
-    item_seq = torch.where(torch.arange(n)[None, :] < lengths[:, None], items, 0)
-    return item_seq, lengths
 
 
 @pytest.mark.parametrize(
@@ -131,16 +114,11 @@ def test_left_layout_is_the_authors_tvrec_for_every_length(small_config, overrid
     the first position's top tap wraps round to the newest item, as theirs does); under
     RecBole's right padding it does not for rows of 2 .. n - 1 items (one item is only
     rescaled by its own tap, which the LayerNorm after the residual undoes)."""
-    settings = dict(small_config, **overrides)
-    config, train, _, _ = prepare("TVRec", dict(settings, sequence_layout="left"))
-    model = TVRec(config, train._dataset).eval()
-    _grow_filters(model, seed=5)
-    right_config, right_train, _, _ = prepare("TVRec", dict(settings, sequence_layout="right"))
-    right = TVRec(right_config, right_train._dataset).eval()
-    right.load_state_dict(model.state_dict())
-
+    config, model, right = left_and_right_models(
+        TVRec, dict(small_config, **overrides), lambda left: _grow_filters(left, seed=5)
+    )
     n = config["MAX_ITEM_LIST_LENGTH"]
-    item_seq, lengths = _rows_of_every_length(model, n)
+    item_seq, lengths = rows_of_every_length(model.n_items, n)
     with torch.no_grad():
         ours = model.forward(item_seq, lengths.clamp(min=1))
         theirs = right.forward(item_seq, lengths.clamp(min=1))

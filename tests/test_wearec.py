@@ -11,25 +11,20 @@ import pytest
 import torch
 import yaml
 
-from conftest import REPO_ROOT, authors_left_padded, prepare
+from conftest import (
+    REPO_ROOT,
+    authors_left_padded,
+    left_and_right_models,
+    oracle_feed_forward,
+    rows_of_every_length,
+)
+from conftest import as_float64 as _np
+from conftest import oracle_gelu as gelu
+from conftest import oracle_layer_norm as layer_norm
 from recbole_freq.config.configurator import FreqConfig
 from recbole_freq.model import WEARec
 from recbole_freq.model.wavelet import AdaptiveWaveletFilter
 from recbole_freq.quick_start.quick_start import run
-
-
-def _np(tensor):
-    return tensor.detach().double().numpy()
-
-
-def layer_norm(x, weight, bias, eps):
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * weight + bias
-
-
-def gelu(x):
-    return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
 
 
 def rfft_ortho(x):
@@ -96,11 +91,7 @@ def authors_forward(model, rows, heads):
             norm = block.mixer.residual.layer_norm
             mixed = authors_mixer(x, block.mixer.filter, heads)
             x = layer_norm(x + mixed, _np(norm.weight), _np(norm.bias), eps)
-            ffn = block.feed_forward
-            inner = gelu(x @ _np(ffn.dense_in.weight).T + _np(ffn.dense_in.bias))
-            out = inner @ _np(ffn.dense_out.weight).T + _np(ffn.dense_out.bias)
-            norm = ffn.residual.layer_norm
-            x = layer_norm(x + out, _np(norm.weight), _np(norm.bias), eps)
+            x = oracle_feed_forward(x, block.feed_forward, eps)
         outputs.append(x[-1])
     return torch.tensor(np.stack(outputs), dtype=torch.float32)
 
@@ -115,14 +106,6 @@ def _randomise_filters(model, seed):
                 parameter.add_(0.5 * torch.randn(parameter.shape, generator=generator))
 
 
-def _rows_of_every_length(model, n, seed=3):
-    generator = torch.Generator().manual_seed(seed)
-    lengths = torch.arange(n + 1)
-    items = torch.randint(1, model.n_items, (n + 1, n), generator=generator)
-    item_seq = torch.where(torch.arange(n)[None, :] < lengths[:, None], items, 0)
-    return item_seq, lengths
-
-
 @pytest.mark.parametrize(
     "overrides",
     [{}, {"MAX_ITEM_LIST_LENGTH": 11, "n_heads": 4, "alpha": 0.7}, {"adaptive": False}],
@@ -133,16 +116,11 @@ def test_left_layout_is_the_authors_wearec_for_every_length(small_config, overri
     the wavelet pairs, as the authors' code does): ours under ``sequence_layout: left``
     equals the oracle to 1e-5; under RecBole's right padding it does not for rows
     shorter than n (the mean token and the pairs then see the padding elsewhere)."""
-    settings = dict(small_config, **overrides)
-    config, train, _, _ = prepare("WEARec", dict(settings, sequence_layout="left"))
-    model = WEARec(config, train._dataset).eval()
-    _randomise_filters(model, seed=5)
-    right_config, right_train, _, _ = prepare("WEARec", dict(settings, sequence_layout="right"))
-    right = WEARec(right_config, right_train._dataset).eval()
-    right.load_state_dict(model.state_dict())
-
+    config, model, right = left_and_right_models(
+        WEARec, dict(small_config, **overrides), lambda left: _randomise_filters(left, seed=5)
+    )
     n = config["MAX_ITEM_LIST_LENGTH"]
-    item_seq, lengths = _rows_of_every_length(model, n)
+    item_seq, lengths = rows_of_every_length(model.n_items, n)
     with torch.no_grad():
         ours = model.forward(item_seq, lengths.clamp(min=1))
         theirs = right.forward(item_seq, lengths.clamp(min=1))

@@ -34,6 +34,8 @@ import math
 import torch
 from torch import nn
 
+from recbole_freq.model.frequency import FilterMixer
+
 # The authors' basis and coefficients start as N(0, 1) draws scaled by this (and keep it:
 # their init_weights touches only Linear, Embedding and LayerNorm).
 INITIAL_SCALE = 1e-3
@@ -132,19 +134,11 @@ def cyclic_shifts(length: int, order: int) -> torch.Tensor:
     return shifts
 
 
-class GraphFilterMixer(nn.Module):
+class GraphFilterMixer(FilterMixer):
     """TV-Rec's token mixer: the padded positions' states set to 0 (the authors' encoder
     does so before every block, so the residual carries the zeros too), then
     ``LayerNorm(x + Dropout(T x))``; the branch ``filter``.  The padding comes with every
     forward pass as the encoder's ``relations`` (``True`` where the item id is 0)."""
-
-    branches = ("filter",)
-    default_branches = ("filter",)
-
-    def __init__(self, graph_filter: TimeVariantGraphFilter, residual):
-        super().__init__()
-        self.filter = graph_filter
-        self.residual = residual
 
     def forward(self, hidden, mask, wanted, relations=None):
         if not (isinstance(relations, torch.Tensor) and relations.dtype == torch.bool):
