@@ -10,8 +10,9 @@ is looked up among the run files under ``benchmarks/results/**/runs/``: a run co
 a cell when it records that dataset, a protocol label whose non-model pieces are the
 figure's protocol (``comparable_label``: ``bsarec+sequence_layout=right`` is not
 ``bsarec``), and that row (``entry_label``: ``BSARec@variant=only-self-attention`` is the
-row ``BSARec [only-self-attention]``).  Each seed counts once (the same run stored in two
-folders is one).  For each cell: the seeds stored, whether every one was trained with
+row ``BSARec [only-self-attention]``).  A cell's runs come from one folder, the one that
+holds most of its seeds (ties: the first by name), so a mean never mixes two folders' code
+and hardware; each seed counts once there.  For each cell: the seeds stored, whether every one was trained with
 ``--paper`` (the paper's settings for that model and dataset), the loss the runs
 record (a paper row trained with another loss is not that row), the mean test NDCG@20
 (else the first metric the figure gives) and its difference from the figure.  A run
@@ -148,6 +149,23 @@ def published_cells(root: Path = ROOT) -> list[dict]:
     return cells
 
 
+def cell_runs(cell: dict, runs: list[dict]) -> list[dict]:
+    """The runs standing for ``cell``: those of the folder holding most of its seeds
+    (ties: the first folder by name), one run per seed, so a mean never mixes folders."""
+    by_folder: dict[str, dict] = {}
+    for run in runs:
+        if (run["dataset"], run["row"], run["protocol"]) == (
+            cell["dataset"],
+            cell["row"],
+            cell["protocol"],
+        ):
+            by_folder.setdefault(run["folder"], {}).setdefault(run["seed"], run)
+    if not by_folder:
+        return []
+    folder = min(by_folder, key=lambda name: (-len(by_folder[name]), name))
+    return list(by_folder[folder].values())
+
+
 def coverage_markdown(root: Path = ROOT) -> str:
     runs = stored_runs(root)
     lines = [
@@ -158,12 +176,7 @@ def coverage_markdown(root: Path = ROOT) -> str:
     covered = 0
     cells = published_cells(root)
     for cell in cells:
-        seen, matching = set(), []
-        for run in runs:
-            key = (run["dataset"], run["row"], run["protocol"], run["seed"])
-            if key[:3] == (cell["dataset"], cell["row"], cell["protocol"]) and key not in seen:
-                seen.add(key)
-                matching.append(run)
+        matching = cell_runs(cell, runs)
         metric = METRIC if METRIC in cell["figure"] else next(iter(cell["figure"]))
         figure = cell["figure"][metric]
         if not matching:
@@ -232,24 +245,21 @@ def trust_lines(root: Path = ROOT) -> str:
         variant = cell["row"][len(model) :].strip()
         if variant and model in plain:
             continue  # an ablation row of a model with its own row: the table has it
-        matching = {}
-        for run in runs:
-            key = (run["dataset"], run["row"], run["protocol"])
-            if key == (cell["dataset"], cell["row"], cell["protocol"]):
-                matching.setdefault(run["seed"], run)
+        matching = cell_runs(cell, runs)
         if not matching:
             continue
         metric = METRIC if METRIC in cell["figure"] else next(iter(cell["figure"]))
-        mean = sum(r["test"][metric] for r in matching.values()) / len(matching)
+        mean = sum(r["test"][metric] for r in matching) / len(matching)
         figure = cell["figure"][metric]
-        losses = " / ".join(sorted({r["loss"] for r in matching.values()}))
-        losses += "".join(sorted({f", {item}" for r in matching.values() for item in r["then"]}))
+        losses = " / ".join(sorted({r["loss"] for r in matching}))
+        losses += "".join(sorted({f", {item}" for r in matching for item in r["then"]}))
         paper = re.match(r"[^(,]+", cell["table"]).group().strip()
         table = re.search(r"Tables? [\d-]+", cell["table"])
         lines.append(
             f"{cell['dataset']}{' ' + variant if variant else ''} ({cell['protocol']}, "
             f"{len(matching)} seed{'s' if len(matching) > 1 else ''}, {losses}): {metric} "
             f"{(mean - figure) / figure:+.1%} from {paper}{' ' + table.group() if table else ''}"
+            f" (`{matching[0]['folder']}`)"
         )
     from recbole_freq.utils.command import PLUGIN_MODEL_NAMES
 

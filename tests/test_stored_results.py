@@ -40,6 +40,46 @@ def test_the_indexs_coverage_table_is_what_the_run_files_give():
     assert coverage.main(["--check"]) == 0
 
 
+def _coverage_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("coverage_table", RESULTS.parent / "coverage.py")
+    coverage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(coverage)
+    return coverage
+
+
+def test_a_published_cells_mean_takes_the_seeds_of_one_folder():
+    """Two folders holding the same row under different code: the cell's mean is the
+    folder with more seeds, never seed 42 of one beside seeds 43-44 of the other."""
+    coverage = _coverage_module()
+    cell = {"dataset": "lastfm", "row": "BSARec", "protocol": "bsarec"}
+
+    def run(folder, seed, dataset="lastfm"):
+        return {
+            "dataset": dataset,
+            "row": "BSARec",
+            "protocol": "bsarec",
+            "seed": seed,
+            "folder": folder,
+        }
+
+    runs = [
+        run("a-newer", 42),
+        run("b-older", 42),
+        run("b-older", 43),
+        run("b-older", 44),
+        run("a-newer", 43),
+        run("c-other", 45, dataset="yelp"),
+    ]
+    chosen = coverage.cell_runs(cell, runs)
+    assert {(r["folder"], r["seed"]) for r in chosen} == {("b-older", s) for s in (42, 43, 44)}
+    # a tie goes to the first folder by name, with each seed once
+    tied = coverage.cell_runs(cell, runs[:2] + [run("a-newer", 42)])
+    assert [(r["folder"], r["seed"]) for r in tied] == [("a-newer", 42)]
+    assert coverage.cell_runs(cell, [run("c-other", 45, dataset="yelp")]) == []
+
+
 def test_a_run_from_before_a_default_changed_is_labelled_with_what_it_ran():
     """PolyRec's stored Beauty run predates ``trc_skip`` and ran the reading ``truncated``,
     today a variant: the index must not present it as today's ``--paper`` PolyRec."""
