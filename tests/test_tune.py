@@ -156,6 +156,39 @@ def test_random_search_of_a_discrete_space_draws_distinct_combinations():
     assert len({json.dumps(p, sort_keys=True) for p in everything}) == 150
 
 
+def test_fixed_first_puts_the_fixed_settings_first_and_counts_them_in_the_samples():
+    """``--fixed_first``: trial 1 is the fixed settings' point (e.g. ``--paper``'s), the
+    others distinct draws, ``num_samples`` in all, for discrete and continuous spaces."""
+    pytest.importorskip("ray")
+    from recbole_freq.jobs.tune.search import _searcher, fixed_point
+
+    space = parse_hyper_file(properties_dir() / "hyper" / "TVRec.hyper")
+    paper = {"learning_rate": 0.001, "basis_size": 8, "orthogonality_weight": 0.001,
+             "hidden_dropout_prob": 0.4}  # fmt: skip
+    first = fixed_point(space, dict(paper, orthogonality_weight=0.001, other_key=1))
+    assert first == paper
+    metric_mode = ("valid_score", "max")
+    for draws in range(1, 9):
+        generator, samples, _ = _searcher("random", space, metric_mode, draws, 1, 42, first)
+        points = generator._points_to_evaluate
+        assert samples == draws and len(points) == draws and points[0] == paper
+        assert len({json.dumps(p, sort_keys=True) for p in points}) == draws
+    # without it, the same draws as before (a search saved earlier resumes unchanged)
+    generator, _, _ = _searcher("random", space, metric_mode, 8, 1, 42)
+    assert generator._points_to_evaluate == distinct_combinations(space, 8, 42)
+    # a continuous space: the first point, then Ray's own draws
+    continuous = parse_hyper_lines(["learning_rate uniform 0.0001,0.01"])
+    start = fixed_point(continuous, {"learning_rate": 0.001})
+    generator, _, _ = _searcher("random", continuous, metric_mode, 5, 1, 42, start)
+    assert generator._points_to_evaluate == [{"learning_rate": 0.001}]
+    # a flag's True is not the count 1, and values outside the bounds are refused
+    flags = parse_hyper_lines(["n_heads choice [1,2]"])
+    with pytest.raises(TuneSetupError, match="n_heads's fixed value True"):
+        fixed_point(flags, {"n_heads": True})
+    with pytest.raises(TuneSetupError, match="between 0.0001 and 0.01"):
+        fixed_point(continuous, {"learning_rate": 0.1})
+
+
 def test_trial_stays_on_the_devices_ray_assigned(tiny_data, monkeypatch):
     cpu = trial_device_overrides([])
     assert cpu == {"gpu_id": "", "use_gpu": False}
@@ -187,6 +220,13 @@ def _hyper(tmp_path, text, name="space.hyper"):
         ("alpha choice [0.1,0.3]", {"search": "optuna"}, "pip install optuna"),
         ("alpha choice [0.1,0.3]", {"search": "hyperopt"}, "pip install hyperopt"),
         ("alpha choice [0.1,0.3]", {"grace_period": 5}, "--grace_period 5"),
+        ("alpha choice [0.1,0.3]", {"search": "grid", "fixed_first": True}, "for a sampled"),
+        # BSARec's default alpha (0.9) is not in the space: no first trial outside it
+        (
+            "alpha choice [0.1,0.3]",
+            {"num_samples": 2, "fixed_first": True},
+            r"--fixed_first: alpha's fixed value 0.9 is not in the space \(hyper file line 1",
+        ),
         ("alpha choice [0.1,0.3]", {"cpus_per_trial": 0}, "positive --cpus_per_trial"),
         ("alpha choice [0.1]", {"cmd_overrides": {"nproc": "2"}}, "nproc and world_size"),
         # The command line's rules: a search with epochs 0 "completed" with valid -inf.

@@ -48,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: grid for a discrete space without --num_samples, else random",
     )
     parser.add_argument("--num_samples", type=int, default=None, help="trials of a sampled search")
+    parser.add_argument(
+        "--fixed_first",
+        action="store_true",
+        help="first trial: the tuned keys' fixed values (e.g. --paper's), so the ranking "
+        "says whether the space beats them on validation",
+    )
     parser.add_argument("--scheduler", choices=("asha", "none"), default="asha")
     parser.add_argument(
         "--grace_period", type=int, default=1, help="validation rounds before ASHA may stop a trial"
@@ -140,6 +146,7 @@ def cli(argv: list[str]) -> int:
                 gpus_per_trial=args.gpus_per_trial,
                 ray_address=args.ray_address,
                 num_cpus=args.num_cpus,
+                fixed_first=args.fixed_first,
             ),
             storage_path=args.storage_path,
             name=name,

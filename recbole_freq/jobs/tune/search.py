@@ -57,7 +57,10 @@ class SearchOptions:
     validation rounds) or ``none``.  Each trial takes ``cpus_per_trial`` /
     ``gpus_per_trial``, at most ``max_concurrent`` at once.  ``ray_address`` (else
     ``RAY_ADDRESS``) joins a running cluster; otherwise a local Ray with ``num_cpus``
-    CPUs is started and shut down at the end."""
+    CPUs is started and shut down at the end.  ``fixed_first``: the first trial takes the
+    tuned keys' values from the fixed settings (``--paper``'s, a config file's, the
+    model's defaults), so the ranking says whether anything in the space beats them on
+    validation; the other trials are drawn as usual (random and model-based searches)."""
 
     search: str | None = None
     num_samples: int | None = None
@@ -68,6 +71,7 @@ class SearchOptions:
     gpus_per_trial: float = 0.0
     ray_address: str | None = None
     num_cpus: int | None = None
+    fixed_first: bool = False
 
     def checked(self, space) -> SearchOptions:
         """The options with the search to run named; ``TuneSetupError`` for one out of
@@ -87,6 +91,11 @@ class SearchOptions:
             raise TuneSetupError("--gpus_per_trial above 1 must be a whole number")
         if self.max_concurrent is not None and self.max_concurrent < 1:
             raise TuneSetupError("--max_concurrent must be at least 1")
+        if self.fixed_first and search == "grid":
+            raise TuneSetupError(
+                "--fixed_first is for a sampled search: grid search already runs every "
+                "combination, the fixed settings' one among them if it is in the space"
+            )
         return replace(self, search=search)
 
     @property
@@ -140,8 +149,36 @@ def _check_as_a_run_would(config, name: str, value, line: int) -> None:
         config[name] = before
 
 
-def _searcher(search, space, metric_mode, num_samples, max_concurrent, seed):
-    """(search_alg, num_samples, param_space) for the Tuner."""
+def fixed_point(space, config) -> dict:
+    """The fixed settings' value of every tuned key, checked to lie in the space
+    (``--fixed_first``'s first trial); ``TuneSetupError`` names a value outside it."""
+    point = {}
+    for name, param in space.items():
+        value = config[name]
+        grid = param.grid_values()
+        if grid is not None:
+            # True == 1 in Python: a flag's value is not a count's
+            inside = any(
+                value == choice and isinstance(value, bool) == isinstance(choice, bool)
+                for choice in grid
+            )
+            where = f"one of {grid}"
+        else:
+            low, high = param.extremes()
+            inside = isinstance(value, (int, float)) and low <= value <= high
+            where = f"between {low} and {high}"
+        if not inside:
+            raise TuneSetupError(
+                f"--fixed_first: {name}'s fixed value {value!r} is not in the space (hyper "
+                f"file line {param.line}: {where}); add it there or drop --fixed_first"
+            )
+        point[name] = value
+    return point
+
+
+def _searcher(search, space, metric_mode, num_samples, max_concurrent, seed, first=None):
+    """(search_alg, num_samples, param_space) for the Tuner; ``first``: a point the
+    search evaluates before any other (``fixed_point``), counted in ``num_samples``."""
     from ray import tune
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
@@ -175,13 +212,20 @@ def _searcher(search, space, metric_mode, num_samples, max_concurrent, seed):
                     "space; use --search grid to run them all"
                 )
             points = distinct_combinations(space, num_samples, seed)
+            if first is not None:
+                points = [first, *[point for point in points if point != first]][:num_samples]
             generator = BasicVariantGenerator(
                 points_to_evaluate=points, max_concurrent=max_concurrent or 0, random_state=seed
             )
             return generator, num_samples, param_space
-        generator = BasicVariantGenerator(max_concurrent=max_concurrent or 0, random_state=seed)
+        generator = BasicVariantGenerator(
+            points_to_evaluate=[first] if first is not None else None,
+            max_concurrent=max_concurrent or 0,
+            random_state=seed,
+        )
         return generator, num_samples, param_space
     metric, mode = metric_mode
+    starts = {"points_to_evaluate": [first]} if first is not None else {}
     if search == "optuna":
         try:
             import optuna  # noqa: F401
@@ -191,7 +235,7 @@ def _searcher(search, space, metric_mode, num_samples, max_concurrent, seed):
                 "--search optuna needs the optuna package: pip install optuna (or use "
                 "--search random)"
             ) from None
-        searcher = OptunaSearch(metric=metric, mode=mode, seed=seed)
+        searcher = OptunaSearch(metric=metric, mode=mode, seed=seed, **starts)
     else:
         try:
             import hyperopt  # noqa: F401
@@ -201,7 +245,7 @@ def _searcher(search, space, metric_mode, num_samples, max_concurrent, seed):
                 "--search hyperopt needs the hyperopt package: pip install hyperopt (or use "
                 "--search random)"
             ) from None
-        searcher = HyperOptSearch(metric=metric, mode=mode, random_state_seed=seed)
+        searcher = HyperOptSearch(metric=metric, mode=mode, random_state_seed=seed, **starts)
     if max_concurrent:
         from ray.tune.search import ConcurrencyLimiter
 
@@ -262,11 +306,14 @@ def tune_model(
     spec = _job_spec(
         model, dataset, config_files, config_dict, job["overrides"], paper, space, options.search
     )
+    first = fixed_point(space, config) if options.fixed_first else None
+    if first is not None:  # only then, so that searches saved before keep their spec
+        spec["fixed_first"] = plain_value(first)
     _check_experiment_folder(experiment_dir, spec, resume)
     # Bad search options fail here, before the dataset is loaded and Ray is started.
     searcher = _searcher(
         options.search, space, ("valid_score", mode), options.num_samples,
-        options.max_concurrent, config["seed"],
+        options.max_concurrent, config["seed"], first,
     )  # fmt: skip
     shared = _shared_dataset(config, space)
     rounds = config["epochs"] // config["eval_step"]
