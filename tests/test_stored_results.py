@@ -24,22 +24,6 @@ def test_a_stored_run_file_is_whole_and_records_its_place(path):
     assert record["digest"]
 
 
-def test_the_indexs_coverage_table_is_what_the_run_files_give():
-    """benchmarks/results/README.md's coverage of the papers' tables is derived from the
-    stored run files (benchmarks/coverage.py); a run stored or removed without
-    regenerating it makes the index wrong."""
-    import importlib.util
-
-    script = RESULTS.parent / "coverage.py"
-    spec = importlib.util.spec_from_file_location("coverage_table", script)
-    coverage = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(coverage)
-    block = coverage.readme_block((RESULTS / "README.md").read_text(encoding="utf-8"))
-    assert block == coverage.coverage_markdown(), "run: python benchmarks/coverage.py --write"
-    # docs/models.md's "Should I trust model X?" lines come from the same files.
-    assert coverage.main(["--check"]) == 0
-
-
 def _coverage_module():
     import importlib.util
 
@@ -47,6 +31,17 @@ def _coverage_module():
     coverage = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(coverage)
     return coverage
+
+
+def test_the_indexs_coverage_table_is_what_the_run_files_give():
+    """benchmarks/results/README.md's coverage of the papers' tables is derived from the
+    stored run files (benchmarks/coverage.py); a run stored or removed without
+    regenerating it makes the index wrong."""
+    coverage = _coverage_module()
+    block = coverage.readme_block((RESULTS / "README.md").read_text(encoding="utf-8"))
+    assert block == coverage.coverage_markdown(), "run: python benchmarks/coverage.py --write"
+    # docs/models.md's "Should I trust model X?" lines come from the same files.
+    assert coverage.main(["--check"]) == 0
 
 
 def test_a_published_cells_mean_takes_the_seeds_of_one_folder():
@@ -83,24 +78,11 @@ def test_a_published_cells_mean_takes_the_seeds_of_one_folder():
 def test_a_run_from_before_a_default_changed_is_labelled_with_what_it_ran():
     """PolyRec's stored Beauty run predates ``trc_skip`` and ran the reading ``truncated``,
     today a variant: the index must not present it as today's ``--paper`` PolyRec."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("coverage_table", RESULTS.parent / "coverage.py")
-    coverage = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(coverage)
+    coverage = _coverage_module()
     rows = [
         line for line in coverage.coverage_markdown().splitlines() if "| PolyRec | 1 (42)" in line
     ]
     assert rows and all("yes (of its day: trc_skip truncated)" in row for row in rows)
-
-
-def _coverage_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("coverage_table", RESULTS.parent / "coverage.py")
-    coverage = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(coverage)
-    return coverage
 
 
 def test_each_rows_departures_from_its_paper_row_are_named():
