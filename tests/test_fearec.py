@@ -161,6 +161,9 @@ ORACLE = dict(AUTHORS, topk_factor=3, MAX_ITEM_LIST_LENGTH=12, **NO_DROPOUT)
         {"global_ratio": 0.3, "dual_domain": False},  # disjoint windows, one per layer
         {"global_ratio": 1, "std": False, "fredom_type": "us"},  # every bin, both terms
         {"contrast": "us", "fredom": False, "lmd": 0.2},
+        # an odd length: the authors' irfft returns n - 1 delays, no circular correlation
+        # (their time-domain branch fails there: the same irfft gives n - 1 positions)
+        {"MAX_ITEM_LIST_LENGTH": 11, "dual_domain": False},
     ],
 )
 def test_fearec_is_recboles_fearec_given_the_same_weights(small_config, variant):
