@@ -345,8 +345,8 @@ class FrequencyEnhancedAttention(nn.Module):
     returns ``n - 1`` delays of no circular correlation, so the spectra are averaged and
     that ``irfft`` taken.  The band-passed ``Q``, ``K``, ``V`` of the time-domain
     attention are matmuls with the projector.  The same function as the authors' FFTs up
-    to float rounding (tests/test_fearec.py against RecBole's FEARec), about a quarter
-    less time per training step on the CPU (benchmarks/results/speed-fearec-lastfm-cpu.md).
+    to float rounding (tests/test_fearec.py against RecBole's FEARec), about 5% less time
+    per training step on the CPU (benchmarks/results/speed-fearec-lastfm-cpu.md).
 
     The arithmetic runs in float32 outside autocast (half precision would round the
     spectra and the projectors, and rfft of a length that is not a power of two has no
