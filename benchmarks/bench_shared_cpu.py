@@ -13,9 +13,10 @@ so that OpenMP reads an environment without ``OMP_WAIT_POLICY`` (its default: sp
 3 ms before sleeping), exactly what a run of earlier versions got.  The busy process is
 a Python loop on one core, started in a session of its own (another terminal's job:
 Linux's autogroup scheduling then shares the CPU between the two sessions whatever
-their nice values).  Configurations alternate within each round; every ratio is to a
-measurement of the same round, so slow drifts of a shared machine cancel.  Run it on an
-otherwise idle machine: the busy process is meant to be the only other load.
+their nice values).  Configurations alternate within each round, in the opposite order
+every other round (so none always runs first); every ratio is to a measurement of the
+same round, so slow drifts of a shared machine cancel.  Run it on an otherwise idle
+machine: the busy process is meant to be the only other load.
 """
 
 from __future__ import annotations
@@ -92,16 +93,18 @@ def one_epoch(order: str, settings: dict, extra_environ: dict, data_path: str) -
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure(condition: str, data_path: str, skip: tuple = ()) -> dict:
+def measure(condition: str, data_path: str, skip: tuple = (), reverse: bool = False) -> dict:
+    """One round: each setting's epoch under ``condition``, in the table's order or, with
+    ``reverse``, the other way round (rounds alternate, so no setting always runs first)."""
     busy = None
     if condition == "beside one busy process":
         busy = subprocess.Popen([sys.executable, "-c", BUSY], start_new_session=True)
         time.sleep(1)
     try:
+        names = [name for name in SETTINGS if name not in skip]
         return {
-            name: one_epoch(order, settings, environ, data_path)
-            for name, (order, settings, environ) in SETTINGS.items()
-            if name not in skip
+            name: one_epoch(*SETTINGS[name], data_path)
+            for name in (reversed(names) if reverse else names)
         }
     finally:
         if busy is not None:
@@ -154,10 +157,10 @@ def main(argv=None) -> None:
     data_path = str(Path(recbole.__file__).parent / "dataset_example")
     conditions = ("alone", "beside one busy process")
     results = {condition: [] for condition in conditions}
-    for _ in range(args.rounds):
+    for round_ in range(args.rounds):
         for condition in conditions[:1] if args.alone_only else conditions:
             skip = (BEFORE,) if args.before_alone_only and condition != "alone" else ()
-            results[condition].append(measure(condition, data_path, skip))
+            results[condition].append(measure(condition, data_path, skip, round_ % 2 == 1))
 
     def median(condition, name):
         if not results[condition] or name not in results[condition][0]:

@@ -250,7 +250,18 @@ def _start(argv, cwd, env=None):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_ctrl_c_as_at_a_terminal,
     )
+
+
+def _ctrl_c_as_at_a_terminal():
+    # A run started from a terminal gets SIGINT's default; one started as a script's
+    # background job (`pytest ... &`) inherits it ignored, and Python then leaves it
+    # ignored until the run installs its own handler, so a Ctrl-C during the imports
+    # would be lost whatever the run does.
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_sigterm_in_a_training_run_is_one_line_the_resume_command_and_143(small_config, tmp_path):
