@@ -12,6 +12,12 @@ measured).  Each model gets its row, the paper's row under it and the difference
 the authors' code's row and our difference from it; the last columns say how each run
 ended (epochs, best epoch, seconds per training epoch), so that a reader sees which runs
 the budget cut short.
+
+``--seed_means``: one row per ``--compare`` entry (a variant is its own entry) and loss
+instead of one per run: the mean and sample standard deviation over its seeds, each
+seed's best epoch and how its run ended, the paper's row and our difference from it in
+percent and in our seed standard deviations; with ``--reference MODEL``, each entry's gain
+over that entry's means (over the seeds both have) beside the paper's gain.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+import numpy as np
 
 from recbole_freq.jobs.compare.statistics import add_per_user_tests
 from recbole_freq.jobs.compare.tables import recorded_loss, summarise
@@ -33,7 +41,8 @@ def load_runs(folders: list[Path]) -> list[dict]:
         for path in sorted(folder.glob("*.json")):
             record = json.loads(path.read_text())
             if record.get("finished"):
-                runs.append(record["summary"])
+                # The --compare entry (``Model@variant=...``); the summary names the class.
+                runs.append({**record["summary"], "entry": record.get("model")})
     if not runs:
         raise SystemExit(f"no finished runs in {', '.join(map(str, folders))}")
     # One protocol; a model may change one of its pieces as its authors' code does
@@ -143,6 +152,115 @@ def gains(runs: list[dict], paper: dict, metrics: list[str], proposed: str) -> s
     return note + "\n\n" + "\n".join(lines)
 
 
+def seed_means(runs: list[dict], paper: dict, metrics: list[str], reference=None) -> str:
+    """Mean +- sample std over seeds per (entry, loss), beside the paper's row."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for run in runs:
+        entry = run.get("entry") or run["model"]
+        groups.setdefault((entry, recorded_loss(run)), []).append(run)
+    head = ["row", "loss", "seeds", *metrics, "best epoch of epochs run (per seed)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (entry, loss), group in groups.items():
+        group.sort(key=lambda run: run.get("seed") or 0)
+        values = [[run["test_result"][m] for run in group] for m in metrics]
+        means = [float(np.mean(v)) for v in values]
+        stds = [float(np.std(v, ddof=1)) if len(v) > 1 else 0.0 for v in values]
+        label = group[0]["protocol"]["label"]
+        ends = ", ".join(map(_how_it_ended, group))
+        lines.append(
+            f"| {entry} (ours, {label}) | {loss} | {_seeds(group)} | "
+            + " | ".join(_mean_std(m, s, "{:.4f}", len(group)) for m, s in zip(means, stds))
+            + f" | {ends} |"
+        )
+        reported = paper["rows"].get(entry)
+        if reported is not None:
+            lines.append(
+                f"| {entry} (paper) | {paper.get('losses', {}).get(entry, '')} | | "
+                + " | ".join(_value(v) for v in reported)
+                + " | |"
+            )
+            lines.append(
+                "| difference from the paper (in our seed std) | | | "
+                + " | ".join(_difference_in_stds(m, s, r) for m, s, r in zip(means, stds, reported))
+                + " | |"
+            )
+    if reference is not None:
+        lines.extend(_gains_over(groups, reference, paper, metrics))
+    return "\n".join(lines)
+
+
+def _gains_over(groups: dict, reference: str, paper: dict, metrics: list[str]) -> list[str]:
+    references = [key for key in groups if key[0] == reference]
+    if len(references) != 1:
+        raise SystemExit(f"--reference {reference}: needs runs of it with one loss")
+    base = {run.get("seed"): run for run in groups[references[0]]}
+    lines = []
+    for key, group in groups.items():
+        if key == references[0]:
+            continue
+        paired = [run for run in group if run.get("seed") in base]
+        if not paired:
+            continue
+        ours, spreads = [], []
+        for metric in metrics:
+            per_seed = [
+                run["test_result"][metric] / base[run.get("seed")]["test_result"][metric] - 1
+                for run in paired
+            ]
+            theirs = np.mean([base[run.get("seed")]["test_result"][metric] for run in paired])
+            ours.append(np.mean([run["test_result"][metric] for run in paired]) / theirs - 1)
+            spreads.append(float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else 0.0)
+        lines.append(
+            f"| gain of {key[0]} over {reference} (ours; ± its std over seeds) | | "
+            f"{_seeds(paired)} | "
+            + " | ".join(
+                _mean_std(g * 100, s * 100, "{:+.1f}%", len(paired)) for g, s in zip(ours, spreads)
+            )
+            + " | |"
+        )
+        rows = paper["rows"]
+        if key[0] in rows and reference in rows:
+            reported = [a / b - 1 for a, b in zip(rows[key[0]], rows[reference])]
+            lines.append(
+                f"| gain of {key[0]} over {reference} (paper) | | | "
+                + " | ".join(f"{g * 100:+.1f}%" for g in reported)
+                + " | |"
+            )
+            lines.append(
+                "| our gain minus the paper's, points (in the gain's seed std) | | | "
+                + " | ".join(
+                    f"{(g - r) * 100:+.1f}" + (f" ({(g - r) / s:+.1f})" if s > 0 else " (n/a)")
+                    for g, r, s in zip(ours, reported, spreads)
+                )
+                + " | |"
+            )
+    return lines
+
+
+def _how_it_ended(run: dict) -> str:
+    if run.get("learns_by_gradient") is False:
+        return "no training (counts)"
+    return f"{run['best_epoch']} of {run['epochs_run']}" + (
+        "" if run["stopped_early"] else " (budget)"
+    )
+
+
+def _mean_std(mean: float, std: float, form: str, count: int = 2) -> str:
+    # One seed has no spread to show: its value alone, not a misleading "± 0".
+    return form.format(mean) + (f" ± {form.format(std).lstrip('+')}" if count > 1 else "")
+
+
+def _seeds(runs: list[dict]) -> str:
+    return ", ".join(str(run.get("seed")) for run in runs)
+
+
+def _difference_in_stds(mean: float, std: float, reported) -> str:
+    if reported is None:
+        return ""
+    spread = f"{(mean - reported) / std:+.1f}" if std > 0 else "n/a"
+    return f"{(mean - reported) / reported:+.1%} ({spread})"
+
+
 def _gain(percent) -> str:
     return "n/a" if percent is None else f"{percent:+.1f}%"
 
@@ -171,12 +289,19 @@ def main(argv=None) -> int:
     parser.add_argument("--paper", type=Path, required=True, help="the paper's rows (json)")
     parser.add_argument("--metrics", default=DEFAULT_METRICS)
     parser.add_argument("--proposed", help="add its gain over each other model and loss")
+    parser.add_argument(
+        "--seed_means", action="store_true", help="one row per entry: mean +- std over seeds"
+    )
+    parser.add_argument("--reference", help="with --seed_means: each entry's gain over it")
     args = parser.parse_args(argv)
     runs = load_runs(args.runs)
     paper = json.loads(args.paper.read_text())
     metrics = args.metrics.split(",")
     order = list(paper["rows"])
     runs.sort(key=lambda run: order.index(run["model"]) if run["model"] in order else 99)
+    if args.seed_means:
+        sys.stdout.write(seed_means(runs, paper, metrics, args.reference) + "\n")
+        return 0
     sys.stdout.write(table(runs, paper, metrics) + "\n")
     if args.proposed:
         sys.stdout.write("\n" + gains(runs, paper, metrics, args.proposed) + "\n")
