@@ -220,21 +220,44 @@ def _gains_over(groups: dict, reference: str, paper: dict, metrics: list[str]) -
         )
         rows = paper["rows"]
         if key[0] in rows and reference in rows:
-            reported = [a / b - 1 for a, b in zip(rows[key[0]], rows[reference])]
+            reported = [
+                None if a is None or b is None else a / b - 1
+                for a, b in zip(rows[key[0]], rows[reference])
+            ]
             lines.append(
                 f"| gain of {key[0]} over {reference} (paper) | | | "
-                + " | ".join(f"{g * 100:+.1f}%" for g in reported)
+                + " | ".join("" if g is None else f"{g * 100:+.1f}%" for g in reported)
                 + " | |"
             )
             lines.append(
                 "| our gain minus the paper's, points (in the gain's seed std) | | | "
-                + " | ".join(
-                    f"{(g - r) * 100:+.1f}" + (f" ({(g - r) / s:+.1f})" if s > 0 else " (n/a)")
-                    for g, r, s in zip(ours, reported, spreads)
-                )
+                + " | ".join(map(_gain_difference, ours, reported, spreads))
                 + " | |"
             )
     return lines
+
+
+def aligned(paper: dict, metrics: list[str], source) -> dict:
+    """The paper's rows (and ``authors_here``'s) as values in the order of ``metrics``.
+
+    A paper file that names its ``"metrics"`` is matched by name (``None`` where the
+    paper has no such metric); one that does not must give one value per metric asked
+    for, in that order, or this stops with one line saying so: a row silently read
+    against the wrong metrics would misstate every difference."""
+    named = paper.get("metrics")
+    sections = [paper] + ([paper["authors_here"]] if paper.get("authors_here") else [])
+    for section in sections:
+        for model, values in section["rows"].items():
+            if named is not None:
+                by_name = dict(zip(named, values))
+                section["rows"][model] = [by_name.get(metric) for metric in metrics]
+            elif len(values) != len(metrics):
+                raise SystemExit(
+                    f"{source}: {model} has {len(values)} values for {len(metrics)} metrics "
+                    f"({','.join(metrics)}); give --metrics in the paper's order or add "
+                    '"metrics": [...] to the file'
+                )
+    return paper
 
 
 def _how_it_ended(run: dict) -> str:
@@ -248,6 +271,13 @@ def _how_it_ended(run: dict) -> str:
 def _mean_std(mean: float, std: float, form: str, count: int = 2) -> str:
     # One seed has no spread to show: its value alone, not a misleading "± 0".
     return form.format(mean) + (f" ± {form.format(std).lstrip('+')}" if count > 1 else "")
+
+
+def _gain_difference(ours: float, reported, spread: float) -> str:
+    if reported is None:
+        return ""
+    in_stds = f"{(ours - reported) / spread:+.1f}" if spread > 0 else "n/a"
+    return f"{(ours - reported) * 100:+.1f} ({in_stds})"
 
 
 def _seeds(runs: list[dict]) -> str:
@@ -295,8 +325,8 @@ def main(argv=None) -> int:
     parser.add_argument("--reference", help="with --seed_means: each entry's gain over it")
     args = parser.parse_args(argv)
     runs = load_runs(args.runs)
-    paper = json.loads(args.paper.read_text())
     metrics = args.metrics.split(",")
+    paper = aligned(json.loads(args.paper.read_text()), metrics, args.paper)
     order = list(paper["rows"])
     runs.sort(key=lambda run: order.index(run["model"]) if run["model"] in order else 99)
     if args.seed_means:

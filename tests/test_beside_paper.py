@@ -85,3 +85,21 @@ def test_one_seed_shows_its_value_without_a_spread(tmp_path, capsys):
 def test_a_reference_without_runs_is_one_clear_error(tmp_path, capsys):
     with pytest.raises(SystemExit, match="--reference SASRec"):
         _table(tmp_path, capsys, {}, "--reference", "SASRec")
+
+
+def test_a_paper_file_that_names_its_metrics_is_read_by_name(tmp_path, capsys):
+    paper = tmp_path / "paper.json"
+    rows = {"TVRec": [0.0484, 0.0853]}
+    paper.write_text(json.dumps({"source": "t", "metrics": ["ndcg@10", "hit@10"], "rows": rows}))
+    argv = [str(RUNS), "--paper", str(paper), "--metrics", "hit@5,hit@10,ndcg@10", "--seed_means"]
+    assert _tool().main(argv) == 0
+    table = {row[0]: row for row in map(_cells, capsys.readouterr().out.splitlines()[2:])}
+    assert table["TVRec (paper)"][3:6] == ["n/a", "0.0853", "0.0484"]
+
+
+def test_paper_values_that_do_not_match_the_metrics_stop_with_one_line(tmp_path):
+    paper = tmp_path / "paper.json"
+    paper.write_text(json.dumps({"source": "t", "rows": {"TVRec": [0.0853, 0.0484]}}))
+    # Two values read against three metrics would shift every difference: refused.
+    with pytest.raises(SystemExit, match="TVRec has 2 values for 3 metrics"):
+        _tool().main([str(RUNS), "--paper", str(paper), "--metrics", "hit@5,hit@10,ndcg@10"])
