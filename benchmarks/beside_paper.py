@@ -6,7 +6,8 @@
 ``RUNS_DIR``: the ``runs/`` folders that ``--compare --out DIR`` writes (several, when the
 models of one table were run by separate commands; every run must name the same protocol
 and dataset).  ``paper.json``: ``{"source": "...", "rows": {"Model": [values in metric
-order], ...}}``, optionally with ``"authors_here": {"source": "...", "rows": {...}}``: the
+order], ...}}`` (or in the order of its own ``"metrics": [...]``, matched by name),
+optionally with ``"authors_here": {"source": "...", "rows": {...}}``: the
 authors' own code run on the machine our numbers come from (``null`` where a value was not
 measured).  Each model gets its row, the paper's row under it and the difference, then
 the authors' code's row and our difference from it; the last columns say how each run
