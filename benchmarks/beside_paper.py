@@ -6,7 +6,8 @@
 ``RUNS_DIR``: the ``runs/`` folders that ``--compare --out DIR`` writes (several, when the
 models of one table were run by separate commands; every run must name the same protocol
 and dataset).  ``paper.json``: ``{"source": "...", "rows": {"Model": [values in metric
-order], ...}}`` (or in the order of its own ``"metrics": [...]``, matched by name),
+order], ...}}`` (or in the order of its own ``"metrics": [...]``, matched by name;
+``"entries": {"Model@variant=v": "Model"}`` names the paper row an entry stands for),
 optionally with ``"authors_here": {"source": "...", "rows": {...}}``: the
 authors' own code run on the machine our numbers come from (``null`` where a value was not
 measured).  Each model gets its row, the paper's row under it and the difference, then
@@ -173,10 +174,14 @@ def seed_means(runs: list[dict], paper: dict, metrics: list[str], reference=None
             + " | ".join(_mean_std(m, s, "{:.4f}", len(group)) for m, s in zip(means, stds))
             + f" | {ends} |"
         )
-        reported = paper["rows"].get(entry)
+        # "entries" names the paper row a --compare entry stands for (a variant that is
+        # today's --paper model); any other variant has no paper row.
+        paper_row = paper.get("entries", {}).get(entry, entry)
+        reported = paper["rows"].get(paper_row)
         if reported is not None:
             lines.append(
-                f"| {entry} (paper) | {paper.get('losses', {}).get(entry, '')} | | "
+                f"| {entry} (paper{'' if paper_row == entry else ': ' + paper_row}) | "
+                f"{paper.get('losses', {}).get(paper_row, '')} | | "
                 + " | ".join(_value(v) for v in reported)
                 + " | |"
             )
@@ -219,7 +224,14 @@ def _gains_over(groups: dict, reference: str, paper: dict, metrics: list[str]) -
             )
             + " | |"
         )
-        rows = paper["rows"]
+        rows = {
+            entry: paper["rows"][row]
+            for entry, row in {
+                **{row: row for row in paper["rows"]},
+                **paper.get("entries", {}),
+            }.items()
+            if row in paper["rows"]
+        }
         if key[0] in rows and reference in rows:
             reported = [
                 None if a is None or b is None else a / b - 1

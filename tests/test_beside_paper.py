@@ -103,3 +103,21 @@ def test_paper_values_that_do_not_match_the_metrics_stop_with_one_line(tmp_path)
     # Two values read against three metrics would shift every difference: refused.
     with pytest.raises(SystemExit, match="TVRec has 2 values for 3 metrics"):
         _tool().main([str(RUNS), "--paper", str(paper), "--metrics", "hit@5,hit@10,ndcg@10"])
+
+
+def test_an_entry_named_in_entries_stands_beside_that_paper_row(tmp_path, capsys):
+    paper = tmp_path / "paper.json"
+    paper.write_text(
+        json.dumps(
+            {
+                "source": "t",
+                "metrics": ["hit@10"],
+                "rows": {"Theirs": [0.08]},
+                "entries": {"TVRec": "Theirs"},
+            }  # fmt: skip
+        )
+    )
+    _tool().main([str(RUNS), "--paper", str(paper), "--metrics", "hit@10", "--seed_means"])
+    table = {row[0]: row for row in map(_cells, capsys.readouterr().out.splitlines()[2:])}
+    assert table["TVRec (paper: Theirs)"][3] == "0.0800"
+    assert "WEARec (paper: Theirs)" not in table and "WEARec (paper)" not in table
