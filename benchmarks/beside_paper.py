@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from recbole_freq.jobs.compare.statistics import add_per_user_tests
-from recbole_freq.jobs.compare.tables import recorded_loss, summarise
+from recbole_freq.jobs.compare.statistics import add_per_user_tests, metric_value
+from recbole_freq.jobs.compare.tables import recorded_loss, sample_std, summarise
 
 DEFAULT_METRICS = "hit@5,hit@10,hit@20,ndcg@5,ndcg@10,ndcg@20"
 
@@ -164,9 +164,9 @@ def seed_means(runs: list[dict], paper: dict, metrics: list[str], reference=None
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (entry, loss), group in groups.items():
         group.sort(key=lambda run: run.get("seed") or 0)
-        values = [[run["test_result"][m] for run in group] for m in metrics]
+        values = [[metric_value(run, m) for run in group] for m in metrics]
         means = [float(np.mean(v)) for v in values]
-        stds = [float(np.std(v, ddof=1)) if len(v) > 1 else 0.0 for v in values]
+        stds = [sample_std(v) for v in values]
         label = group[0]["protocol"]["label"]
         ends = ", ".join(map(_how_it_ended, group))
         lines.append(
@@ -174,10 +174,7 @@ def seed_means(runs: list[dict], paper: dict, metrics: list[str], reference=None
             + " | ".join(_mean_std(m, s, "{:.4f}", len(group)) for m, s in zip(means, stds))
             + f" | {ends} |"
         )
-        # "entries" names the paper row a --compare entry stands for (a variant that is
-        # today's --paper model); any other variant has no paper row.
-        paper_row = paper.get("entries", {}).get(entry, entry)
-        reported = paper["rows"].get(paper_row)
+        paper_row, reported = _paper_row(paper, entry)
         if reported is not None:
             lines.append(
                 f"| {entry} (paper{'' if paper_row == entry else ': ' + paper_row}) | "
@@ -200,6 +197,7 @@ def _gains_over(groups: dict, reference: str, paper: dict, metrics: list[str]) -
     if len(references) != 1:
         raise SystemExit(f"--reference {reference}: needs runs of it with one loss")
     base = {run.get("seed"): run for run in groups[references[0]]}
+    _, reported_base = _paper_row(paper, reference)
     lines = []
     for key, group in groups.items():
         if key == references[0]:
@@ -209,13 +207,10 @@ def _gains_over(groups: dict, reference: str, paper: dict, metrics: list[str]) -
             continue
         ours, spreads = [], []
         for metric in metrics:
-            per_seed = [
-                run["test_result"][metric] / base[run.get("seed")]["test_result"][metric] - 1
-                for run in paired
-            ]
-            theirs = np.mean([base[run.get("seed")]["test_result"][metric] for run in paired])
-            ours.append(np.mean([run["test_result"][metric] for run in paired]) / theirs - 1)
-            spreads.append(float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else 0.0)
+            mine = [metric_value(run, metric) for run in paired]
+            theirs = [metric_value(base[run.get("seed")], metric) for run in paired]
+            ours.append(np.mean(mine) / np.mean(theirs) - 1)
+            spreads.append(sample_std([a / b - 1 for a, b in zip(mine, theirs)]))
         lines.append(
             f"| gain of {key[0]} over {reference} (ours; ± its std over seeds) | | "
             f"{_seeds(paired)} | "
@@ -224,18 +219,11 @@ def _gains_over(groups: dict, reference: str, paper: dict, metrics: list[str]) -
             )
             + " | |"
         )
-        rows = {
-            entry: paper["rows"][row]
-            for entry, row in {
-                **{row: row for row in paper["rows"]},
-                **paper.get("entries", {}),
-            }.items()
-            if row in paper["rows"]
-        }
-        if key[0] in rows and reference in rows:
+        _, reported_entry = _paper_row(paper, key[0])
+        if reported_entry is not None and reported_base is not None:
             reported = [
                 None if a is None or b is None else a / b - 1
-                for a, b in zip(rows[key[0]], rows[reference])
+                for a, b in zip(reported_entry, reported_base)
             ]
             lines.append(
                 f"| gain of {key[0]} over {reference} (paper) | | | "
@@ -248,6 +236,15 @@ def _gains_over(groups: dict, reference: str, paper: dict, metrics: list[str]) -
                 + " | |"
             )
     return lines
+
+
+def _paper_row(paper: dict, entry: str) -> tuple[str, list | None]:
+    """The paper row a --compare entry stands for and its values (``None``: no row).
+
+    ``"entries"`` maps an entry to a row (a variant that is today's --paper model); any
+    other entry stands for the row of its own name, so other variants have none."""
+    row = paper.get("entries", {}).get(entry, entry)
+    return row, paper["rows"].get(row)
 
 
 def aligned(paper: dict, metrics: list[str], source) -> dict:

@@ -139,10 +139,10 @@ def summarise(records: dict, models, seeds, metrics, baselines) -> list[dict]:
             row["capped_runs"] = sum(map(capped_by_epochs, summaries))
         for metric in metrics:
             row[f"{metric}_mean"] = float(np.mean(values[metric]))
-            row[f"{metric}_std"] = _std(values[metric])
+            row[f"{metric}_std"] = sample_std(values[metric])
         row.update(
             train_seconds_per_epoch_mean=float(np.mean(seconds)),
-            train_seconds_per_epoch_std=_std(seconds),
+            train_seconds_per_epoch_std=sample_std(seconds),
             epochs_run_mean=float(np.mean(epochs)),
             parameters=int(summaries[0]["parameters"]),
             pruned_fractions=pruned_fractions(summaries),
@@ -191,7 +191,7 @@ def _mark_count_floor(rows, metrics) -> None:
         row.setdefault("count_baseline", False)
 
 
-def _std(values) -> float:
+def sample_std(values) -> float:
     # Sample standard deviation across seeds (ddof=1), 0 for a single seed.
     return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
