@@ -1,16 +1,18 @@
 """The main job's training epoch alone and beside one busy process: this version's
-default threads (passive OpenMP wait policy after a short spin, one thread per usable
-core), the same without the spin, the same thread count under OpenMP's own wait policy
-(what every run did before), and one thread.
+default threads (OpenMP's own spin, shortened by the package's governor while the cores
+are contended; one thread per usable core), the previous default (a passive wait policy
+after 1,000 spins), the same thread count under OpenMP's own policy without the
+governor (what every run did before either), and one thread.
 
     python benchmarks/bench_shared_cpu.py                       # 2 rounds, ml-100k, BSARec
     python benchmarks/bench_shared_cpu.py --rounds 1 --out benchmarks/results
 
 Each measurement is one fresh process training the README's main job (BSARec, its paper
 settings, RecBole's bundled ml-100k) for one epoch; it reports that epoch's training
-seconds.  "Before" starts the same process with torch imported ahead of recbole_freq,
-so that OpenMP reads an environment without ``OMP_WAIT_POLICY`` (its default: spin about
-3 ms before sleeping), exactly what a run of earlier versions got.  The busy process is
+seconds and how long the governor held its team.  "Before" sets ``GOMP_SPINCOUNT=300000``,
+libgomp's own default written out: OpenMP then behaves as with nothing set (spin about
+3 ms before sleeping, 100 spins when oversubscribed), exactly what a run of earlier
+versions got, and the package, seeing the user's choice, starts no governor.  The busy process is
 a Python loop on one core, started in a session of its own (another terminal's job:
 Linux's autogroup scheduling then shares the CPU between the two sessions whatever
 their nice values).  Configurations alternate within each round, in the opposite order
@@ -37,31 +39,31 @@ ROOT = HERE.parent
 # name: (what the child imports first, run settings, environment it starts with)
 SETTINGS = {
     "default threads (this version)": ("package first", {}, {}),
+    "default threads, passive after 1,000 spins (the previous default)": (
+        "package first", {}, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"},
+    ),
     "default threads, passive without spinning": (
         "package first", {}, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"},
     ),
-    "default threads, OpenMP's wait policy (before)": ("torch first", {}, {}),
-    "1 thread": ("package first", {"torch_threads": 1}, {}),
-    # libgomp's own spin (300,000) set by hand, so the package keeps the policy unset:
-    # "before"'s OpenMP behaviour with the package imported first, which separates the
-    # wait policy's cost from any cost of the import order
-    "default threads, OpenMP's default spin, package first": (
-        "package first", {}, {"GOMP_SPINCOUNT": "300000"},
+    "default threads, OpenMP's wait policy (before)": (
+        "torch first", {}, {"GOMP_SPINCOUNT": "300000"},
     ),
+    "1 thread": ("package first", {"torch_threads": 1}, {}),
 }  # fmt: skip
-NOW, NO_SPIN, BEFORE, ONE, DEFAULT_SPIN = SETTINGS
+NOW, PREVIOUS, NO_SPIN, BEFORE, ONE = SETTINGS
 # --settings' short names
 SHORT_NAMES = {
-    "now": NOW, "no_spin": NO_SPIN, "before": BEFORE, "one": ONE, "default_spin": DEFAULT_SPIN,
+    "now": NOW, "previous": PREVIOUS, "no_spin": NO_SPIN, "before": BEFORE, "one": ONE,
 }  # fmt: skip
 CHILD = """
 import json, sys
 if sys.argv[1] == "torch first":
     import torch
 from recbole_freq.quick_start import run
+from recbole_freq.utils.threads import governor_record
 summary = run("BSARec", "ml-100k", config_dict=json.loads(sys.argv[2]), saved=False)
 print(json.dumps({"seconds": summary["history"][0]["train_seconds"],
-                  "environment": summary["environment"]}))
+                  "environment": summary["environment"], "governor": governor_record()}))
 """
 BUSY = "while True: pass"
 
@@ -69,6 +71,17 @@ BUSY = "while True: pass"
 def shown(value: float, spec: str, unit: str = "") -> str:
     """A table cell: the value, or "not measured" for a setting or condition left out."""
     return "not measured" if math.isnan(value) else f"{value:{spec}}{unit}"
+
+
+def governor_cell(rounds: list, name: str) -> str:
+    """Median seconds the setting's governor held its team over the rounds (the whole
+    process: data loading, the epoch, evaluation), or why there is no figure."""
+    held = [r[name].get("governor") for r in rounds if name in r]
+    if not held:
+        return "not measured"
+    if any(record is None for record in held):
+        return "no governor"
+    return f"{statistics.median(record['engaged_seconds'] for record in held):.1f}"
 
 
 def one_epoch(order: str, settings: dict, extra_environ: dict, data_path: str) -> dict:
@@ -135,7 +148,7 @@ def main(argv=None) -> None:
     )
     parser.add_argument(
         "--settings",
-        default="now,no_spin,before,one",
+        default="now,previous,before,one",
         help=f"which settings, by short name: {', '.join(SHORT_NAMES)}",
     )
     parser.add_argument(
@@ -177,8 +190,9 @@ def main(argv=None) -> None:
 
     rows = [
         "| setting | threads | wait policy, spin count | alone: s | beside a busy process: s | "
-        "busy / alone | / 1 thread, busy | / before, alone |",
-        "|---|---|---|---|---|---|---|---|",
+        "busy / alone | / 1 thread, busy | / before, alone | governor held its team: s, "
+        "alone / busy |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in SETTINGS:
         record = results["alone"][0][name]["environment"]
@@ -193,7 +207,9 @@ def main(argv=None) -> None:
             f"{shown(median('alone', name), '.1f')} | "
             f"{shown(median(conditions[1], name), '.1f')} | {shown(slowdown, '.2f', 'x')} | "
             f"{shown(ratio(conditions[1], name, ONE), '.2f', 'x')} | "
-            f"{shown(ratio('alone', name, BEFORE), '.2f', 'x')} |"
+            f"{shown(ratio('alone', name, BEFORE), '.2f', 'x')} | "
+            f"{governor_cell(results['alone'], name)} / "
+            f"{governor_cell(results[conditions[1]], name)} |"
         )
     environment = results["alone"][0][NOW]["environment"]
     header = (

@@ -1,6 +1,7 @@
-"""Torch's threads on a shared CPU (``recbole_freq/utils/threads.py``): a passive OpenMP
-wait policy from every entry point unless the user chose one, the thread count from the
-cores the process may use, both in the run file."""
+"""Torch's threads on a shared CPU (``recbole_freq/utils/threads.py``): OpenMP's own spin
+with the package's governor shortening it while the cores are contended (a passive wait
+policy where the governor cannot work), unless the user chose a policy; the thread count
+from the cores the process may use; both in the run file."""
 
 import json
 import os
@@ -29,23 +30,53 @@ POLICY = textwrap.dedent(
 )
 
 # OpenMP threads that spin after each parallel region burn CPU time while the program
-# sleeps between regions; sleeping threads do not.
+# sleeps between regions; sleeping threads do not.  Prints the CPU seconds of 100
+# regions under OpenMP's default, with the governor's team held, and after its release.
 SPIN = textwrap.dedent(
     """
-    import sys, time
-    if sys.argv[1] == "torch first":
-        import torch
+    import json, time
     import recbole_freq
     import torch
+    from recbole_freq.utils import threads
     torch.set_num_threads(2)
     values = torch.randn(1_000_000)
-    for _ in range(20):
+
+    def regions():
+        for _ in range(20):
+            values.mul_(1.0)
+        started = time.process_time()
+        for _ in range(100):
+            values.mul_(1.0)
+            time.sleep(0.004)
+        return time.process_time() - started
+
+    governor = threads.SpinGovernor(threads.ctypes.CDLL(threads._loaded_libgomp_path()))
+    default = regions()
+    governor.engage()
+    engaged = regions()
+    governor.release()
+    time.sleep(0.2)
+    print(json.dumps({"default": default, "engaged": engaged, "released": regions(),
+                      "record": governor.record()}))
+    """
+)
+
+# A run's process with other processes holding every core: the governor, started by the
+# run's thread setting, must see its threads wait and shorten the spin.
+CONTENDED = textwrap.dedent(
+    """
+    import json, time
+    import recbole_freq
+    import torch
+    from recbole_freq.utils import threads
+    from recbole_freq.utils.reproducibility import apply_determinism
+    apply_determinism({"deterministic": False, "torch_threads": 2, "device": "cpu"})
+    governor = threads.govern_spinning(2)
+    values = torch.randn(1_000_000)
+    deadline = time.monotonic() + 30
+    while not governor.engaged and time.monotonic() < deadline:
         values.mul_(1.0)
-    started = time.process_time()
-    for _ in range(100):
-        values.mul_(1.0)
-        time.sleep(0.004)
-    print(time.process_time() - started)
+    print(json.dumps({"engaged": governor.engaged, **threads.governor_record()}))
     """
 )
 
@@ -67,14 +98,14 @@ def fresh_python(script: str, *args: str, **environ) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def test_importing_the_package_sets_a_passive_wait_policy_unless_the_user_chose_one():
+def test_importing_the_package_keeps_openmps_policy_under_the_governor_unless_the_user_chose_one():
     fresh = json.loads(fresh_python(POLICY, "package first"))
     assert fresh == {
-        "environ": "PASSIVE",
-        "spin": "1000",
-        "omp_wait_policy": "PASSIVE",
-        "gomp_spincount": "1000",
-        "omp_wait_policy_set_by": threads.SET_BY_PACKAGE,
+        "environ": None,
+        "spin": None,
+        "omp_wait_policy": None,
+        "gomp_spincount": None,
+        "omp_wait_policy_set_by": threads.SET_BY_GOVERNOR,
     }
     chosen = json.loads(fresh_python(POLICY, "package first", OMP_WAIT_POLICY="active"))
     assert chosen["environ"] == chosen["omp_wait_policy"] == "active"
@@ -82,7 +113,7 @@ def test_importing_the_package_sets_a_passive_wait_policy_unless_the_user_chose_
     spin = json.loads(fresh_python(POLICY, "package first", GOMP_SPINCOUNT="0"))
     assert spin["environ"] is None and spin["gomp_spincount"] == "0"
     assert spin["omp_wait_policy_set_by"] == threads.SET_BY_USER
-    # A process started by one that set it (a --compare worker) inherits the choice.
+    # A process started by one that set the passive fallback inherits the choice.
     inherited = json.loads(
         fresh_python(
             POLICY,
@@ -93,21 +124,91 @@ def test_importing_the_package_sets_a_passive_wait_policy_unless_the_user_chose_
         )
     )
     assert inherited["omp_wait_policy_set_by"] == threads.SET_BY_PACKAGE
-    # OpenMP read its environment when torch loaded: too late to change, and said so.
+    # The governor works on the OpenMP that torch loaded, whichever came first.
     late = json.loads(fresh_python(POLICY, "torch first"))
-    assert late["environ"] is None and late["omp_wait_policy"] is None
-    assert late["omp_wait_policy_set_by"] == threads.SET_TOO_LATE
+    assert late["environ"] is None and late["omp_wait_policy_set_by"] == threads.SET_BY_GOVERNOR
+
+
+def test_where_the_governor_cannot_work_the_package_sets_a_passive_policy(monkeypatch):
+    for variable in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", threads.SET_BY_PACKAGE_MARK):
+        monkeypatch.setenv(variable, "placeholder")  # restored to its state at teardown
+        monkeypatch.delenv(variable)
+    monkeypatch.setattr(threads, "governor_unavailable", lambda: "not Linux")
+    monkeypatch.setattr(threads, "_wait_policy_set_by", None)
+    monkeypatch.setattr(threads, "_wait_policy", (None, None))
+    monkeypatch.delitem(sys.modules, "torch")  # as if torch were not loaded yet
+    threads.prefer_passive_wait()
+    assert (os.environ["OMP_WAIT_POLICY"], os.environ["GOMP_SPINCOUNT"]) == ("PASSIVE", "1000")
+    assert threads.wait_policy_record()["omp_wait_policy_set_by"] == threads.SET_BY_PACKAGE
+    # Too late for the environment to matter, and said so.
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    monkeypatch.setattr(threads, "_wait_policy_set_by", None)
+    monkeypatch.setattr(threads, "_governor", None)
+    threads.prefer_passive_wait()
+    assert threads.wait_policy_record()["omp_wait_policy_set_by"] == threads.SET_TOO_LATE
+    assert threads.govern_spinning(2) is None  # no governor under a policy it did not choose
+
+
+def test_the_governor_cannot_work_under_a_cpu_quota_below_the_affinity_mask(monkeypatch):
+    monkeypatch.setattr(threads, "_cores_at_import", 4)
+    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: 2)
+    if sys.platform.startswith("linux"):
+        assert threads.governor_unavailable() == "a CPU quota below the affinity mask"
+    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda: None)
+    monkeypatch.setattr(threads, "_read_run_delays", lambda skip=None: {})
+    assert threads.governor_unavailable() is not None
+
+
+def test_the_governor_engages_after_two_contended_intervals_and_releases_after_quiet_ones():
+    governor = threads.SpinGovernor(libgomp=None, engage_after=2, release_after=3)
+    assert [governor.observe(rate) for rate in (0.001, 0.5, 0.002, 0.5)] == [None] * 4
+    assert governor.observe(0.4) == "engage"  # the second contended interval in a row
+    governor.engaged = True
+    governor._streak = 0
+    # Still contended, then one quiet interval (a phase on one thread), then contended:
+    # the quiet streak starts again.
+    assert [governor.observe(rate) for rate in (0.3, 0.0, 0.0, 0.4, 0.0, 0.0)] == [None] * 6
+    assert governor.observe(0.01) == "release"
+
+
+def test_the_governors_team_puts_libgomp_over_its_cpu_count():
+    governor = threads.SpinGovernor(libgomp=type("Gomp", (), {"omp_get_num_procs": lambda: 8}))
+    governor.team_threads = 8
+    assert governor.helper_team_size() == 2  # 1 + 7 + 1 = 9 threads managed, over 8 CPUs
+    governor.team_threads = 3
+    assert governor.helper_team_size() == 7  # 1 + 2 + 6 = 9
 
 
 @pytest.mark.skipif(threads.usable_cores() < 2, reason="needs 2 cores for 2 OpenMP threads")
-def test_with_the_passive_policy_torchs_threads_sleep_between_parallel_regions():
-    """What the policy is for: under OpenMP's default each worker spins about 3 ms after
-    every region (about 0.3 s of CPU over these 100 regions, measured 0.66 s here),
-    CPU time another process on the machine needed; passive after a short spin, they
-    sleep almost at once (measured 0.03 s)."""
-    spinning = float(fresh_python(SPIN, "torch first"))
-    sleeping = float(fresh_python(SPIN, "package first"))
-    assert sleeping < 0.5 * spinning, (sleeping, spinning)
+@pytest.mark.skipif(threads.governor_unavailable() is not None, reason="no spin governor here")
+def test_with_the_governors_team_held_torchs_threads_sleep_between_parallel_regions():
+    """What the governor is for: under OpenMP's default each worker spins about 3 ms
+    after every region (about 0.3 s of CPU over these 100 regions, measured 0.55-0.76 s
+    here), CPU time another process on the machine needed; while the governor holds its
+    team libgomp spins 100 times and they sleep almost at once (measured 0.03-0.04 s),
+    and after its release they spin again."""
+    spent = json.loads(fresh_python(SPIN))
+    assert spent["engaged"] < 0.5 * spent["default"], spent
+    assert spent["released"] > 2 * spent["engaged"], spent
+    assert spent["record"]["engagements"] == 1
+
+
+@pytest.mark.skipif(threads.usable_cores() < 2, reason="needs 2 cores for 2 OpenMP threads")
+@pytest.mark.skipif(threads.governor_unavailable() is not None, reason="no spin governor here")
+def test_the_governor_shortens_the_spin_while_other_processes_hold_the_cores():
+    busy = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        for _ in range(threads.usable_cores())
+    ]
+    try:
+        seen = json.loads(fresh_python(CONTENDED))
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    assert seen["engaged"] and seen["engagements"] == 1, seen
 
 
 def test_cgroup_quota_rounds_up_to_whole_cpus(tmp_path):
@@ -172,8 +273,8 @@ def test_a_run_takes_its_threads_from_the_cores_it_may_use_and_records_them(tmp_
     record = json.loads(fresh_python(RUN_ON_ONE_CORE, json.dumps(settings)))
     assert record["usable_cores"] == 1 and record["torch_threads"] == 1
     assert record["torch_threads_set_by"] == "the cores this process may use"
-    assert record["omp_wait_policy"] == "PASSIVE"
-    assert record["omp_wait_policy_set_by"] == threads.SET_BY_PACKAGE
+    assert record["omp_wait_policy"] is None
+    assert record["omp_wait_policy_set_by"] == threads.SET_BY_GOVERNOR
 
 
 def test_the_record_says_which_rule_set_the_threads():
@@ -188,7 +289,11 @@ def test_the_record_says_which_rule_set_the_threads():
         apply_determinism({"deterministic": False, "torch_threads": None, "device": "cpu"})
         record = environment_record({"device": "cpu"})
         assert record["usable_cores"] == threads.usable_cores()
-        assert record["omp_wait_policy_set_by"] in (threads.SET_BY_PACKAGE, threads.SET_BY_USER)
+        assert record["omp_wait_policy_set_by"] in (
+            threads.SET_BY_GOVERNOR,
+            threads.SET_BY_PACKAGE,
+            threads.SET_BY_USER,
+        )
     finally:
         torch.use_deterministic_algorithms(False)
         torch.set_num_threads(before)

@@ -42,7 +42,12 @@ from __future__ import annotations
 import os
 import platform
 
-from recbole_freq.utils.threads import default_threads, usable_cores, wait_policy_record
+from recbole_freq.utils.threads import (
+    default_threads,
+    govern_spinning,
+    usable_cores,
+    wait_policy_record,
+)
 
 _DEFAULT_THREADS: tuple[int, str] | None = None
 _PACKED_THREADS: int | None = None
@@ -108,6 +113,7 @@ def apply_determinism(config) -> None:
     elif threads is None:
         threads, why = _DEFAULT_THREADS
     torch.set_num_threads(threads)
+    govern_spinning(threads)  # how waiting threads spin: utils/threads.py
     _THREADS_SET_BY = why
     deterministic = bool(_setting(config, "deterministic"))
     if deterministic:
