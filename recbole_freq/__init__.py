@@ -1,7 +1,8 @@
 """recbole-freq: frequency-domain and denoising sequential recommenders for RecBole.
 
-Importing the package first asks torch's OpenMP threads to sleep rather than spin while
-they wait (``utils/threads.py``: a passive wait policy, unless the user set one), then
+Importing the package first chooses how torch's OpenMP threads wait (``utils/threads.py``:
+OpenMP's own spin, shortened by a governor while the cores are contended, or a passive
+wait policy where the governor cannot work; unless the user set one), then
 installs RecBole's fixes (``compat``; each is applied when the
 RecBole module it repairs is first imported, so the import itself stays light),
 registers the plugin's parts that those fixes call (``compat.plugin_parts``: this
