@@ -51,6 +51,7 @@ SPIN = textwrap.dedent(
         return time.process_time() - started
 
     governor = threads.SpinGovernor(threads.ctypes.CDLL(threads._loaded_libgomp_path()))
+    governor.team_threads = 2
     default = regions()
     governor.engage()
     engaged = regions()
@@ -179,6 +180,9 @@ def test_the_governors_team_puts_libgomp_over_its_cpu_count():
     assert governor.helper_team_size() == 2  # 1 + 7 + 1 = 9 threads managed, over 8 CPUs
     governor.team_threads = 3
     assert governor.helper_team_size() == 7  # 1 + 2 + 6 = 9
+    governor.team_threads = 1
+    governor.engage()  # a run on one thread: no team to shorten the spin of
+    assert not governor.engaged and governor.engagements == 0
 
 
 @pytest.mark.skipif(threads.usable_cores() < 2, reason="needs 2 cores for 2 OpenMP threads")

@@ -249,8 +249,8 @@ class SpinGovernor:
         import torch
 
         size = self.helper_team_size()
-        if self.engaged or size > MAX_HELPER_TEAM:
-            return
+        if self.engaged or self.team_threads < 2 or size > MAX_HELPER_TEAM:
+            return  # a run on one thread never waits at a barrier
         ready, self._release = threading.Event(), threading.Event()
 
         def hold_a_team(release=self._release):
