@@ -174,6 +174,20 @@ def test_the_governor_engages_after_two_contended_intervals_and_releases_after_q
     assert governor.observe(0.01) == "release"
 
 
+def test_the_governor_finds_torchs_libgomp_beside_scikit_learns():
+    site = "/venv/lib/python3.11/site-packages"
+    maps = [
+        f"7f01-7f02 r--p 00000000 08:01 11 {site}/scikit_learn.libs/libgomp-e985bcbb.so.1.0.0",
+        f"7f03-7f04 r-xp 00000000 08:01 12 {site}/torch/lib/libgomp.so.1",
+        "7f05-7f06 rw-p 00000000 00:00 0 ",
+    ]
+    torch_folder = f"{site}/torch"
+    assert threads.torchs_libgomp(maps, torch_folder) == f"{site}/torch/lib/libgomp.so.1"
+    assert threads.torchs_libgomp(maps[:1], torch_folder) == maps[0].split()[-1]  # the only one
+    assert threads.torchs_libgomp([maps[0], maps[0].replace("e985", "a111")], torch_folder) is None
+    assert threads.torchs_libgomp(maps[2:], torch_folder) is None
+
+
 def test_the_governors_team_puts_libgomp_over_its_cpu_count():
     governor = threads.SpinGovernor(libgomp=type("Gomp", (), {"omp_get_num_procs": lambda: 8}))
     governor.team_threads = 8

@@ -82,15 +82,29 @@ def _torch_openmp_is_libgomp() -> bool:
 
 
 def _loaded_libgomp_path() -> str | None:
+    """The libgomp torch runs on, among those this process has loaded (scikit-learn's
+    wheel brings a copy of its own, and RecBole loads it before the first run)."""
+    torch = sys.modules.get("torch")
+    torch_folder = str(Path(torch.__file__).parent) if getattr(torch, "__file__", None) else None
     try:
         with open("/proc/self/maps", encoding="utf-8") as maps:
-            for line in maps:
-                fields = line.split(None, 5)
-                if len(fields) == 6 and "/libgomp" in fields[5]:
-                    return fields[5].strip()
+            return torchs_libgomp(maps, torch_folder)
     except OSError:
-        pass
-    return None
+        return None
+
+
+def torchs_libgomp(maps_lines, torch_folder: str | None) -> str | None:
+    """The libgomp among ``/proc/self/maps``' lines that lies in torch's folder (its
+    wheel's ``lib``), else the only one loaded; ``None`` when none or several others."""
+    loaded = []
+    for line in maps_lines:
+        fields = line.split(None, 5)
+        if len(fields) == 6 and "/libgomp" in fields[5] and fields[5].strip() not in loaded:
+            loaded.append(fields[5].strip())
+    for path in loaded:
+        if torch_folder and path.startswith(torch_folder + os.sep):
+            return path
+    return loaded[0] if len(loaded) == 1 else None
 
 
 def governor_unavailable() -> str | None:
