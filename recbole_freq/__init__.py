@@ -10,9 +10,9 @@ module is the top of the layers, so the fixes below never import the code above 
 and offers ``FreqConfig``, ``MODELS`` and ``get_model_class``, loaded on first use.
 """
 
-from recbole_freq.utils.threads import prefer_passive_wait
+from recbole_freq.utils.threads import choose_wait_policy
 
-prefer_passive_wait()  # before anything loads torch (and with it OpenMP): utils/threads.py
+choose_wait_policy()  # before anything loads torch (and with it OpenMP): utils/threads.py
 
 from recbole_freq import compat  # noqa: E402
 

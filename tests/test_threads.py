@@ -138,7 +138,7 @@ def test_where_the_governor_cannot_work_the_package_sets_a_passive_policy(monkey
     monkeypatch.setattr(threads, "_wait_policy_set_by", None)
     monkeypatch.setattr(threads, "_wait_policy", (None, None))
     monkeypatch.delitem(sys.modules, "torch")  # as if torch were not loaded yet
-    threads.prefer_passive_wait()
+    threads.choose_wait_policy()
     assert (os.environ["OMP_WAIT_POLICY"], os.environ["GOMP_SPINCOUNT"]) == ("PASSIVE", "1000")
     assert threads.wait_policy_record()["omp_wait_policy_set_by"] == threads.SET_BY_PACKAGE
     # Too late for the environment to matter, and said so.
@@ -147,7 +147,7 @@ def test_where_the_governor_cannot_work_the_package_sets_a_passive_policy(monkey
     monkeypatch.delenv("GOMP_SPINCOUNT")
     monkeypatch.setattr(threads, "_wait_policy_set_by", None)
     monkeypatch.setattr(threads, "_governor", None)
-    threads.prefer_passive_wait()
+    threads.choose_wait_policy()
     assert threads.wait_policy_record()["omp_wait_policy_set_by"] == threads.SET_TOO_LATE
     assert threads.govern_spinning(2) is None  # no governor under a policy it did not choose
 

@@ -122,7 +122,7 @@ def governor_unavailable() -> str | None:
     return None
 
 
-def prefer_passive_wait() -> None:
+def choose_wait_policy() -> None:
     """Before torch loads OpenMP: OpenMP's own policy under the spin governor where it
     can work, else a passive wait policy, unless the user chose one."""
     global _wait_policy, _wait_policy_set_by
