@@ -509,6 +509,78 @@ def test_two_trial_search_writes_ranked_trials_and_a_trainable_best_yaml(
     assert "changed: overrides" in capsys.readouterr().err
 
 
+def _trials_csv(folder) -> dict[float, dict]:
+    import csv
+
+    with open(folder / "trials.csv") as handle:
+        return {float(row["alpha"]): row for row in csv.DictReader(handle)}
+
+
+def _result_reports(row) -> list[dict]:
+    with open(os.path.join(row["trial_dir"], "result.json")) as handle:
+        return [json.loads(line) for line in handle]
+
+
+def test_a_trial_store_replays_finished_trials_and_continues_stopped_ones(
+    ray_session, tiny_data, tmp_path, capsys
+):
+    """A new search (another machine or session: no Ray state) with the same settings
+    and --trial_store replays what the store holds: finished trials without training,
+    the trial ASHA stopped stopped again by the same reports, and, without ASHA, that
+    trial trained on from its stored state to the numbers of a run trained straight."""
+    hyper = _hyper(tmp_path, "alpha choice [0.3,0.7]\n")
+    settings = dict(SMALL_MODEL, epochs=3, data_path=str(tiny_data), log_wandb=False)
+    settings.update(checkpoint_dir=str(tmp_path / "saved"))
+    store = tmp_path / "store"
+    argv = ["--model=BSARec", "--dataset=tiny", "--hyper_file", hyper, "--num_cpus=2"]
+    argv += ["--storage_path=results", "--verbose=0", "--grace_period=1", "--max_concurrent=1"]
+    argv += [f"--trial_store={store}"]
+    argv += [f"--{key}={value}" for key, value in settings.items()]
+
+    def checkpoints():
+        return sorted((tmp_path / "saved").glob("BSARec-tiny-*.pth"))
+
+    assert main([*argv, "--name=first"]) == 0
+    first = _trials_csv(tmp_path / "results" / "first")
+    # As in the two-trial search: ASHA stopped alpha 0.7 after its first epoch.
+    assert first[0.3]["status"] == "completed"
+    assert first[0.7]["status"] == "stopped early (ASHA)" and first[0.7]["epochs_run"] == "1"
+    records = sorted(store.glob("*.trial.json"))
+    assert len(records) == 2 and len(list(store.glob("*.resume.pth"))) == 1
+    trained = checkpoints()
+
+    # The same search from the store alone: the same table, nothing trained.
+    assert main([*argv, "--name=replayed"]) == 0
+    replayed = _trials_csv(tmp_path / "results" / "replayed")
+    measured = ("status", "best_valid", "best_epoch", "epochs_run", "test_ndcg@20", "test_hit@10")
+    for alpha in (0.3, 0.7):
+        assert [replayed[alpha][k] for k in measured] == [first[alpha][k] for k in measured]
+    assert checkpoints() == trained
+    assert all(r.get("replayed") for r in _result_reports(replayed[0.3]))
+
+    # Without ASHA the stopped trial goes on from its stored state (epoch 1).
+    assert main([*argv, "--name=continued", "--scheduler=none"]) == 0
+    continued = _trials_csv(tmp_path / "results" / "continued")
+    assert continued[0.7]["status"] == "completed" and continued[0.7]["epochs_run"] == "3"
+    reports = _result_reports(continued[0.7])
+    assert [(r["epoch"], bool(r.get("replayed"))) for r in reports[:-1]] == [
+        (0, True), (1, False), (2, False),
+    ]  # fmt: skip
+    straight = run_as_a_trial("BSARec", "tiny", config_dict={**settings, "alpha": 0.7})
+    assert float(continued[0.7]["test_ndcg@20"]) == straight["test_result"]["ndcg@20"]
+    assert int(continued[0.7]["best_epoch"]) == straight["best_epoch"]
+    assert len(list(store.glob("*.resume.pth"))) == 0  # both finished
+    record = json.loads(next(r for r in records if "0.7" in r.read_text()).read_text())
+    assert [r["epoch"] for r in record["reports"]] == [0, 1, 2] and record["final"]
+
+    # Other settings with the same store: each trial refuses its record, in one line.
+    changed = [a.replace("--epochs=3", "--epochs=4") for a in argv]
+    assert main([*changed, "--name=changed"]) == 1
+    capsys.readouterr()
+    errors = [row["error"] for row in _trials_csv(tmp_path / "results" / "changed").values()]
+    assert all("written with other settings (epochs: '3' then, '4' now)" in e for e in errors)
+
+
 def test_tuning_a_dataset_key_loads_the_data_in_each_trial(ray_session, small_config, tmp_path):
     hyper = _hyper(tmp_path, "MAX_ITEM_LIST_LENGTH choice [8]\n")
     summary = tune_model(

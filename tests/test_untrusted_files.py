@@ -597,3 +597,24 @@ def test_a_crafted_partial_run_of_a_comparison_runs_nothing(
     overrides = {k: v for k, v in dict(small_config, epochs=1).items() if k != "seed"}
     with pytest.raises(UntrustedCheckpointError, match="passes <class 'recbole.config"):
         compare("SASRec", "tiny", seeds="5", overrides=overrides, out=out)
+
+
+def test_a_trial_store_runs_no_code_and_refuses_damaged_records(small_config, tmp_path, marker):
+    """A trial store is made to travel (committed, copied): its records are JSON and its
+    resume states go through the restricted loader, whoever wrote them."""
+    from recbole_freq.config.configurator import FreqConfig
+    from recbole_freq.jobs.tune.store import TrialStore, TrialStoreError
+
+    config = FreqConfig("BSARec", "tiny", config_dict=small_config)
+    store, params = TrialStore(tmp_path / "store"), {"alpha": 0.3}
+    plant_checkpoint(store.state_path(params), marker)
+    with pytest.raises(UntrustedCheckpointError):
+        store.load_state(params)
+    store.record_path(params).write_text("{not json")
+    with pytest.raises(TrialStoreError, match="cannot be read as a trial record"):
+        store.read(params, config)
+    other = {"format": "recbole-freq trial record 1", "params": {"alpha": 0.7}, "settings": {}}
+    other.update(code=[], reports=[], final=None)
+    store.record_path(params).write_text(json.dumps(other))
+    with pytest.raises(TrialStoreError, match="is not the record of the trial"):
+        store.read(params, config)

@@ -64,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--storage_path", default="ray_results")
     parser.add_argument("--name", default=None, help="experiment name (default model-dataset-time)")
     parser.add_argument("--resume", action="store_true", help="continue the search --name")
+    parser.add_argument(
+        "--trial_store",
+        default=None,
+        help="folder that keeps each trial's reports and resume state as plain files; a "
+        "new search with the same settings and folder replays them (another machine, a "
+        "later session) and continues unfinished trials",
+    )
     parser.add_argument("--ray_address", default=None, help="existing cluster (else RAY_ADDRESS)")
     parser.add_argument("--num_cpus", type=int, default=None, help="CPUs of a local Ray")
     parser.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2, 3))
@@ -152,6 +159,7 @@ def cli(argv: list[str]) -> int:
             name=name,
             resume=args.resume,
             verbose=args.verbose,
+            trial_store=args.trial_store,
         )
     except (*EXPECTED_ERRORS, TrialsFailedError) as error:
         code = report_error(error)

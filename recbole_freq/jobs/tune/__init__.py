@@ -22,7 +22,8 @@ Outputs, in ``<storage_path>/<name>/``: ``trials.csv``, ``trials.md`` (ranked ta
 ``best.yaml`` (the best trial's settings, accepted by ``--config_files``).
 
 Modules: ``hyper`` (hyper files), ``trial`` (one trial), ``search`` (the driver,
-``tune_model``), ``report`` (ranking and output files).
+``tune_model``), ``report`` (ranking and output files), ``store`` (``--trial_store``:
+trial records as plain files that a later search replays, on any machine).
 """
 
 from recbole_freq.jobs.tune.hyper import (

@@ -279,13 +279,16 @@ def tune_model(
     name: str | None = None,
     resume: bool = False,
     verbose: int = 1,
+    trial_store=None,
 ) -> dict:
     """Search ``hyper_file``'s space for ``model`` on ``dataset`` with Ray Tune.
 
     ``config_files``/``config_dict``/``cmd_overrides`` set the fixed settings of every
     trial, as for :func:`recbole_freq.quick_start.run`.  ``options``
     (``SearchOptions``): the searcher, scheduler, trial resources and Ray cluster.
-    ``resume`` continues the interrupted search ``name``.
+    ``resume`` continues the interrupted search ``name``.  ``trial_store``: a folder
+    that keeps every trial's reports and resume state as plain files (``store``); a new
+    search with the same settings and store replays what it holds, on any machine.
 
     Returns a dict: ``experiment_dir``, ``metric``, ``mode``, ``trials`` (ranked rows),
     ``best`` (the best row), ``best_params``, ``table`` (markdown) and the written files
@@ -309,6 +312,9 @@ def tune_model(
     first = fixed_point(space, config) if options.fixed_first else None
     if first is not None:  # only then, so that searches saved before keep their spec
         spec["fixed_first"] = plain_value(first)
+    if trial_store is not None:
+        job["trial_store"] = str(check_writable(Path(trial_store).resolve(), "--trial_store"))
+        spec["trial_store"] = job["trial_store"]
     _check_experiment_folder(experiment_dir, spec, resume)
     # Bad search options fail here, before the dataset is loaded and Ray is started.
     searcher = _searcher(

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
+from recbole_freq.jobs.tune.store import TrialStore, replay_reports
 from recbole_freq.utils.files import plain_value
 
 
@@ -40,16 +42,59 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
     with ``final: True``, ``valid_score`` = best validation score and ``test_<metric>``.
     A trial that Ray restores (a resumed search) continues from its checkpoint's epoch
     with the state it had there; one that ASHA stops is tested from its checkpoint
-    afterwards (``test_stopped_trial``).
+    afterwards (``test_stopped_trial``).  With a trial store (``job["trial_store"]``,
+    ``store``) every report and state is also kept there, and a trial the store already
+    holds replays it instead of training those epochs again.
     """
+    from ray import tune
+
+    config = _trial_config(params, job)
+    store = TrialStore(job["trial_store"]) if job.get("trial_store") else None
+    record, state = None, None
+    restored = tune.get_checkpoint()
+    if store is not None:
+        record = store.read(params, config)
+        if record is not None and restored is None:
+            state = store.load_state(params)
+            if _replay(record, state, store.state_path(params), tune):
+                return
+    if restored is not None:
+        from recbole_freq.quick_start.resume import load_resume_state
+
+        with restored.as_directory() as folder:
+            state = load_resume_state(Path(folder) / TRIAL_STATE)
+    _train_trial(config, job, shared_dataset, state, (store, params, record))
+
+
+def _replay(record: dict, state, state_file: Path, tune) -> bool:
+    """Send a stored trial's reports to Ray again (``store.replay_reports``), the last
+    one of an unfinished trial with its resume state as the checkpoint; True when the
+    trial had finished (nothing is left to train)."""
+    reports, finished = replay_reports(record, state)
+    for number, report in enumerate(reports, 1):
+        report = {**report, "replayed": True}
+        if finished or number < len(reports):
+            tune.report(report)
+            continue
+        with tempfile.TemporaryDirectory() as folder:
+            shutil.copyfile(state_file, Path(folder) / TRIAL_STATE)
+            tune.report(report, checkpoint=tune.Checkpoint.from_directory(folder))
+    return finished
+
+
+def _train_trial(config, job, shared_dataset, state, stored) -> None:
+    """Train (or go on training from ``state``), report each validation epoch with its
+    checkpoint, test the best epoch and send the final report."""
     from ray import tune
 
     from recbole_freq.protocol import protocol_label
     from recbole_freq.quick_start.quick_start import evaluate_extra_test_modes
     from recbole_freq.quick_start.resume import save_resume_state
 
-    config, dataset, loaders, trainer = _trial_trainer(params, job, shared_dataset)
+    store, params, record = stored
+    dataset, loaders, trainer = _trial_trainer(config, shared_dataset, state)
     train_data, valid_data, test_data = loaders
+    kept = {"record": record}
 
     def report_epoch(epoch_idx, valid_score):
         # After RecBole's early-stopping bookkeeping of the epoch: the state saved is the
@@ -62,7 +107,12 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
             **{f"valid_{key}": float(value) for key, value in epoch["valid"].items()},
         }
         with tempfile.TemporaryDirectory() as folder:
-            save_resume_state(Path(folder) / TRIAL_STATE, trainer, loaders, epoch_idx + 1)
+            state_file = Path(folder) / TRIAL_STATE
+            save_resume_state(state_file, trainer, loaders, epoch_idx + 1)
+            if store is not None:
+                kept["record"] = store.add_report(
+                    params, config, kept["record"], metrics, state_file
+                )
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
 
     best_valid_score, best_valid_result = trainer.fit(
@@ -84,33 +134,19 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
     }
     for mode, result in extra.items():
         final.update({f"test_{mode}_{key}": float(value) for key, value in result.items()})
+    if store is not None:
+        store.finish(params, config, kept["record"], final)
     tune.report(final)
 
 
-def _trial_trainer(params: dict, job: dict, shared_dataset):
-    """``(config, dataset, loaders, trainer)`` of one trial: its configuration (the job's
-    fixed settings, the trial's parameters, the devices Ray gave it), its data (the
-    driver's shared copy, or loaded here), and a trainer that continues from the trial's
-    Ray checkpoint when Ray restores it."""
+def _trial_config(params: dict, job: dict):
+    """The trial's configuration: the job's fixed settings, the trial's parameters, the
+    devices Ray gave it, and the fingerprint of the data it finds."""
     import ray
-    from ray import tune
     from recbole.utils import init_logger, init_seed
 
     from recbole_freq.config.configurator import FreqConfig
-    from recbole_freq.data.guard import check_prepared, dataset_fingerprint
-    from recbole_freq.protocol import trainer_for
-    from recbole_freq.quick_start.quick_start import (
-        checked_data,
-        log_flops,
-        new_model,
-        unique_checkpoint_path,
-    )
-    from recbole_freq.quick_start.resume import (
-        ResumeError,
-        apply_resume_state,
-        load_resume_state,
-        settings_differences,
-    )
+    from recbole_freq.data.guard import dataset_fingerprint
 
     params = {name: plain_value(value) for name, value in params.items()}
     overrides = {**job["overrides"], **trial_device_overrides(ray.get_gpu_ids())}
@@ -126,6 +162,27 @@ def _trial_trainer(params: dict, job: dict, shared_dataset):
     init_logger(config)
     if os.path.isdir(config["data_path"]):  # not on a node that got only the shared copy
         config["dataset_sha256"] = dataset_fingerprint(config)
+    return config
+
+
+def _trial_trainer(config, shared_dataset, state):
+    """``(dataset, loaders, trainer)`` of one trial: its data (the driver's shared copy,
+    or loaded here) and a trainer that continues from ``state`` (its Ray checkpoint's or
+    its store's resume state) when there is one."""
+    from recbole_freq.data.guard import check_prepared
+    from recbole_freq.protocol import trainer_for
+    from recbole_freq.quick_start.quick_start import (
+        checked_data,
+        log_flops,
+        new_model,
+        unique_checkpoint_path,
+    )
+    from recbole_freq.quick_start.resume import (
+        ResumeError,
+        apply_resume_state,
+        settings_differences,
+    )
+
     if shared_dataset is None:
         check_prepared(config)
     else:
@@ -141,10 +198,7 @@ def _trial_trainer(params: dict, job: dict, shared_dataset):
     log_flops(config, model, dataset, logging.getLogger())
     trainer = trainer_for(config, model)
     trainer.saved_model_file = unique_checkpoint_path(config)
-    restored = tune.get_checkpoint()
-    if restored is not None:
-        with restored.as_directory() as folder:
-            state = load_resume_state(Path(folder) / TRIAL_STATE)
+    if state is not None:
         differences = settings_differences(state["config"], config)
         if differences:
             raise ResumeError(
@@ -153,7 +207,7 @@ def _trial_trainer(params: dict, job: dict, shared_dataset):
                 + ")"
             )
         apply_resume_state(state, trainer, loaders)
-    return config, dataset, loaders, trainer
+    return dataset, loaders, trainer
 
 
 def test_stopped_trial(checkpoint) -> dict:
