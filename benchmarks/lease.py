@@ -14,7 +14,10 @@
    ``--at_once`` items side by side (each packing ``--parallel`` runs), each with
    ``--time_limit`` set to what is left of the lease, so that every run stops at an
    epoch boundary with its resume state in ``<folder>/partial/``; an item that finishes
-   early makes room for the next;
+   early makes room for the next.  A search item runs as a new search with the trial
+   store ``<folder>/store`` (``--trial_store``: its trials' records and resume states,
+   replayed by the next lease or on a CPU), stopped by SIGTERM at the lease's end; a
+   finished one leaves ``trials.csv``, ``trials.md`` and ``best.yaml`` in ``<folder>``;
 3. everything the lease changed under ``benchmarks/results/`` (run files, tables,
    resume states, removed states) goes into ``OUT`` as at most 8 files of at most 16 MiB,
    64 MiB in all (what a lent machine gives back): ``lease-manifest.json``,
@@ -90,11 +93,28 @@ class LeaseError(Exception):
 # ---------------------------------------------------------------------------- the queue
 
 
+ITEM_KEYS = ("name", "folder", "fills", "note")
+KINDS = {"compare": "--compare's arguments", "search": "a search's arguments"}
+LEASE_OPTIONS = {
+    "compare": ("--out", "--data_path", "--time_limit", "--checkpoint_dir"),
+    "search": (
+        "--storage_path", "--name", "--trial_store", "--resume", "--data_path",
+        "--checkpoint_dir", "--gpus_per_trial",
+    ),
+}  # fmt: skip
+# What a finished search item leaves in its folder (the first one says it finished).
+SEARCH_OUTPUTS = ("trials.csv", "trials.md", "best.yaml", "recbole_freq_search.json")
+# A search item's trial store, in its folder: the records and unfinished trials' states.
+STORE = "store"
+
+
 def load_queue(root: Path, path: str = QUEUE) -> list[dict]:
     """The queue's items, in priority order, each checked: ``name``, ``folder`` (under
-    ``benchmarks/results/``), ``fills`` (which table cells its runs fill) and
+    ``benchmarks/results/``), ``fills`` (which table cells its runs fill) and either
     ``compare`` (the ``--compare`` arguments: entries, then options, no ``--out``,
-    ``--data_path`` or ``--time_limit``: the lease sets those)."""
+    ``--data_path`` or ``--time_limit``: the lease sets those) or ``search`` (a search's
+    arguments, ``--hyper_file`` and the rest; the lease sets where it writes, its trial
+    store ``<folder>/store`` and its GPUs, so each lease continues the last one's trials)."""
     try:
         queue = json.loads((root / path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
@@ -105,20 +125,24 @@ def load_queue(root: Path, path: str = QUEUE) -> list[dict]:
     names = set()
     for number, item in enumerate(items, 1):
         where = f"{path}, item {number}"
-        if not isinstance(item, dict) or set(item) - {"name", "folder", "fills", "compare", "note"}:
-            raise LeaseError(f"{where}: keys are name, folder, fills, compare (and note)")
+        if not isinstance(item, dict) or set(item) - {*ITEM_KEYS, *KINDS}:
+            raise LeaseError(f"{where}: keys are name, folder, fills, compare or search (and note)")
         for key in ("name", "folder", "fills"):
             if not isinstance(item.get(key), str) or not item[key]:
                 raise LeaseError(f"{where}: {key} must be a non-empty string")
-        compare = item.get("compare")
+        kinds = [kind for kind in KINDS if kind in item]
+        if len(kinds) != 1:
+            raise LeaseError(f"{where}: an item has either compare or search")
+        item["kind"] = kinds[0]
+        arguments = item[item["kind"]]
         if (
-            not isinstance(compare, list)
-            or not compare
-            or not all(isinstance(a, str) for a in compare)
+            not isinstance(arguments, list)
+            or not arguments
+            or not all(isinstance(a, str) for a in arguments)
         ):
-            raise LeaseError(f"{where}: compare must be the list of --compare's arguments")
-        for option in ("--out", "--data_path", "--time_limit", "--checkpoint_dir"):
-            if any(arg == option or arg.startswith(option + "=") for arg in compare):
+            raise LeaseError(f"{where}: {item['kind']} must be the list of {KINDS[item['kind']]}")
+        for option in LEASE_OPTIONS[item["kind"]]:
+            if any(arg == option or arg.startswith(option + "=") for arg in arguments):
                 raise LeaseError(f"{where}: {option} is the lease's to set")
         folder = Path(item["folder"])
         if (
@@ -130,7 +154,9 @@ def load_queue(root: Path, path: str = QUEUE) -> list[dict]:
         if item["name"] in names:
             raise LeaseError(f"{where}: a second item named {item['name']!r}")
         names.add(item["name"])
-        item["runs"] = expected_runs(compare, where)
+        item["runs"] = (
+            expected_runs(arguments, where) if item["kind"] == "compare" else SEARCH_OUTPUTS[:1]
+        )
     return items
 
 
@@ -160,15 +186,23 @@ def held_items(root: Path) -> set[str]:
         return set()
 
 
-def progress(root: Path, item: dict) -> dict:
-    """Where an item stands: its runs stored, and its resume states."""
-    folder = root / item["folder"]
-    stored = [name for name in item["runs"] if (folder / "runs" / name).is_file()]
-    states = (
-        sorted(p.name for p in (folder / "partial").glob("*.resume.pth"))
-        if (folder / "partial").is_dir()
-        else []
+def item_states(root: Path, item: dict) -> list[Path]:
+    """The resume states an item continues from: its runs' (``partial/``) or its search's
+    unfinished trials' (``store/``)."""
+    folder = (
+        root / item["folder"] / ("partial" if item.get("kind", "compare") == "compare" else STORE)
     )
+    return sorted(folder.glob("*.resume.pth")) if folder.is_dir() else []
+
+
+def progress(root: Path, item: dict) -> dict:
+    """Where an item stands: its runs stored (a search: its ranking written), and its
+    resume states."""
+    folder = root / item["folder"]
+    if item.get("kind", "compare") == "compare":
+        folder = folder / "runs"
+    stored = [name for name in item["runs"] if (folder / name).is_file()]
+    states = [path.name for path in item_states(root, item)]
     return {"stored": len(stored), "total": len(item["runs"]), "states": states}
 
 
@@ -236,6 +270,32 @@ def compare_command(python: str, root: Path, item: dict, seconds: int, args) -> 
     ]  # fmt: skip
 
 
+def search_command(python: str, root: Path, item: dict, args) -> tuple[list[str], Path]:
+    """A search item's command and the folder its outputs go to: a new search each lease
+    (Ray's state stays on the lent machine), continuing from the item's trial store."""
+    storage = Path(args.checkpoint_dir).resolve() / "searches"
+    name = f"{item['name']}-{time.strftime('%Y%m%d-%H%M%S')}"
+    gpus = ["--gpus_per_trial", str(args.gpus_per_trial)] if args.gpus_per_trial else []
+    command = [
+        python, str(ROOT / "run_recbole_freq.py"), *item["search"],
+        "--storage_path", str(storage), "--name", name,
+        "--trial_store", str(root / item["folder"] / STORE),
+        f"--data_path={args.data_path}", f"--checkpoint_dir={args.checkpoint_dir}",
+        "--show_progress=False", *gpus, *args.extra,
+    ]  # fmt: skip
+    return command, storage / name
+
+
+def keep_search_outputs(root: Path, item: dict, experiment: Path) -> None:
+    """A finished search's ranking, best settings and search settings, into its folder."""
+    for name in SEARCH_OUTPUTS:
+        if (experiment / name).is_file():
+            target = root / item["folder"] / name
+            temporary = target.with_name(f".{name}.lease.tmp")
+            shutil.copyfile(experiment / name, temporary)
+            os.replace(temporary, target)
+
+
 def run_suite(root: Path, args, deadline: float, log) -> dict:
     """The GPU suite, within ``--suite_minutes`` and the lease."""
     try:
@@ -275,7 +335,7 @@ def run_queue(root: Path, items: list[dict], args, deadline: float, log) -> dict
         if progress(root, item)["stored"] < len(item["runs"]) and item["name"] not in held
     ]  # fmt: skip
     outcome = {item["name"]: "held back (prepare)" for item in items if item["name"] in held}
-    running: dict[str, tuple[subprocess.Popen, object]] = {}
+    running: dict[str, tuple[subprocess.Popen, object, tuple]] = {}
     python = args.python or sys.executable
     Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     stop_at = deadline - args.reserve
@@ -288,7 +348,11 @@ def run_queue(root: Path, items: list[dict], args, deadline: float, log) -> dict
                 item = waiting.pop(0)
                 (root / item["folder"]).mkdir(parents=True, exist_ok=True)
                 logfile = open(root / item["folder"] / "lease.log", "a")
-                command = compare_command(python, root, item, left, args)
+                experiment = None
+                if item["kind"] == "search":
+                    command, experiment = search_command(python, root, item, args)
+                else:
+                    command = compare_command(python, root, item, left, args)
                 log(f"start {item['name']} ({left} s left)")
                 env = dict(
                     os.environ, OMP_NUM_THREADS=str(args.threads_per_run), PYTHONUNBUFFERED="1"
@@ -298,24 +362,28 @@ def run_queue(root: Path, items: list[dict], args, deadline: float, log) -> dict
                         command, stdout=logfile, stderr=subprocess.STDOUT, env=env, cwd=root
                     ),
                     logfile,
+                    (item, experiment),
                 )
             if not running:
                 break
             time.sleep(1)
-            for name, (process, logfile) in list(running.items()):
+            for name, (process, logfile, (item, experiment)) in list(running.items()):
                 if process.poll() is not None:
                     logfile.close()
                     del running[name]
-                    outcome[name] = {0: "all runs stored", 3: "stopped at the lease's end"}.get(
+                    if experiment is not None and process.returncode == 0:
+                        keep_search_outputs(root, item, experiment)
+                    done = "all runs stored" if experiment is None else "search finished"
+                    outcome[name] = {0: done, 3: "stopped at the lease's end"}.get(
                         process.returncode, f"exit {process.returncode} (see its lease.log)"
                     )
                     log(f"end {name}: {outcome[name]}")
             if time.monotonic() > deadline - args.grace - PACK_SECONDS:
                 break  # a run still going now could not stop and be packed in time
     finally:
-        for process, _ in running.values():  # past the lease's end: SIGTERM
+        for process, _, _ in running.values():  # past the lease's end: SIGTERM
             process.send_signal(signal.SIGTERM)
-        for name, (process, logfile) in running.items():
+        for name, (process, logfile, _) in running.items():
             try:
                 process.wait(timeout=args.grace)
             except subprocess.TimeoutExpired:
@@ -380,7 +448,7 @@ def status_table(
     queue: str = QUEUE,
 ) -> str:  # fmt: skip
     rows = [
-        "| item | fills | runs stored | resume states | this lease |",
+        "| item | fills | runs stored (a search: its ranking) | resume states | this lease |",
         "|---|---|---:|---|---|",
     ]
     for item in items:
@@ -466,11 +534,11 @@ def bring_back(args) -> int:
     for path in removed:
         target = _checked_target(root, path)
         if (
-            target.parent.name == "partial"
+            target.parent.name in ("partial", STORE)
             and target.name.endswith(".resume.pth")
             and target.is_file()
         ):
-            target.unlink()  # its run was stored by the lease
+            target.unlink()  # its run (or search trial) was finished by the lease
             gone += 1
     restored = restore_held(root)
     if any("/runs/" in name for name in files) and (root / "benchmarks" / "coverage.py").is_file():
@@ -531,8 +599,7 @@ def prepare(args) -> int:
     for item in reversed(items):  # the lowest priority first
         if size <= limit:
             break
-        partial = root / item["folder"] / "partial"
-        states = sorted(partial.glob("*.resume.pth")) if partial.is_dir() else []
+        states = item_states(root, item)
         if not states:
             continue
         for state in states:
@@ -625,6 +692,12 @@ def main(argv=None) -> int:
     )
     lease.add_argument("--threads_per_run", type=int, default=1)
     lease.add_argument(
+        "--gpus_per_trial",
+        type=float,
+        default=None,
+        help="GPU share of a search item's trial (CUDA 0.25, else 0: on the CPU)",
+    )
+    lease.add_argument(
         "--reserve",
         type=float,
         default=45.0,
@@ -651,13 +724,16 @@ def main(argv=None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(args.extra)}")
     try:
         if args.command == "run":
-            if args.at_once is None:
-                try:
-                    import torch
+            try:
+                import torch
 
-                    args.at_once = 3 if torch.cuda.is_available() else 1
-                except ImportError:
-                    args.at_once = 1
+                cuda = torch.cuda.is_available()
+            except ImportError:
+                cuda = False
+            if args.at_once is None:
+                args.at_once = 3 if cuda else 1
+            if args.gpus_per_trial is None:
+                args.gpus_per_trial = 0.25 if cuda else 0.0
             return run(args)
         if args.command == "code_bundle":
             head = code_bundle(Path(args.root).resolve(), args.since, Path(args.to))

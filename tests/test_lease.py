@@ -90,6 +90,45 @@ def test_a_dry_lease_stops_brings_back_and_the_next_one_continues(small_config, 
     assert second["history"][: len(first["history"])] == first["history"]
 
 
+def test_a_search_item_continues_from_its_trial_store_and_keeps_its_ranking(small_config, tmp_path):
+    """A search in the queue: the lease runs it with the item's trial store (whose records
+    and states it brings back, so that a search a lease stopped goes on from them, in the
+    next lease or on this CPU: the store's replay is tested in test_tune); a finished one
+    leaves its ranking and best settings in the item's folder."""
+    folder = "benchmarks/results/dry-search"
+    root = tmp_path / "lent"
+    (root / folder).mkdir(parents=True)
+    hyper = tmp_path / "space.hyper"
+    hyper.write_text("alpha choice [0.3,0.7]\n")
+    search = ["--model=BSARec", "--dataset=tiny", "--hyper_file", str(hyper), "--num_cpus=1"]
+    search += ["--scheduler=none", "--max_concurrent=1", "--verbose=0"]
+    item = {"name": "dry-search", "folder": folder, "fills": "nothing", "search": search}
+    (root / "benchmarks" / "lease_queue.json").write_text(json.dumps({"items": [item]}))
+    settings = {
+        key: value
+        for key, value in small_config.items()
+        if key not in ("data_path", "checkpoint_dir", "show_progress")
+    }
+    settings["epochs"] = 2
+    store = root / folder / lease.STORE
+    argv = [sys.executable, str(SCRIPT), "--root", str(root), "run", "--minutes", "2.5"]
+    argv += ["--data_path", small_config["data_path"], "--out", str(tmp_path / "out")]
+    argv += ["--suite", "no", "--grace", "3", "--checkpoint_dir", str(tmp_path / "saved")]
+    argv += [f"--{key}={value}" for key, value in settings.items()]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "| dry-search | nothing | 0 -> 1 of 1 | 0 | search finished |" in done.stdout
+    ranking = (root / folder / "trials.csv").read_text().splitlines()
+    assert len(ranking) == 3 and all(",completed," in row for row in ranking[1:])
+    assert (root / folder / "best.yaml").is_file()
+    records = sorted(store.glob("*.trial.json"))
+    assert len(records) == 2 and not list(store.glob("*.resume.pth"))
+    assert all(json.loads(r.read_text())["final"]["epochs_run"] == 2 for r in records)
+    manifest = json.loads((tmp_path / "out" / lease.MANIFEST).read_text())
+    assert f"{folder}/trials.csv" in manifest["files"]
+    assert all(f"{folder}/store/{r.name}" in manifest["files"] for r in records)
+
+
 @pytest.mark.parametrize(
     "item, message",
     [

@@ -570,8 +570,15 @@ def test_a_trial_store_replays_finished_trials_and_continues_stopped_ones(
     assert float(continued[0.7]["test_ndcg@20"]) == straight["test_result"]["ndcg@20"]
     assert int(continued[0.7]["best_epoch"]) == straight["best_epoch"]
     assert len(list(store.glob("*.resume.pth"))) == 0  # both finished
-    record = json.loads(next(r for r in records if "0.7" in r.read_text()).read_text())
+    (record,) = [
+        loaded
+        for loaded in (json.loads(path.read_text()) for path in records)
+        if loaded["params"] == {"alpha": 0.7}
+    ]
     assert [r["epoch"] for r in record["reports"]] == [0, 1, 2] and record["final"]
+    # Two segments: epoch 0 in the first search, 1-2 in the continued one.
+    assert [g["first_epoch"] for g in record["segments"]] == [0, 1]
+    assert {g["device"] for g in record["segments"]} == {"cpu"}
 
     # Other settings with the same store: each trial refuses its record, in one line.
     changed = [a.replace("--epochs=3", "--epochs=4") for a in argv]

@@ -614,7 +614,7 @@ def test_a_trial_store_runs_no_code_and_refuses_damaged_records(small_config, tm
     with pytest.raises(TrialStoreError, match="cannot be read as a trial record"):
         store.read(params, config)
     other = {"format": "recbole-freq trial record 1", "params": {"alpha": 0.7}, "settings": {}}
-    other.update(code=[], reports=[], final=None)
+    other.update(segments=[], reports=[], final=None)
     store.record_path(params).write_text(json.dumps(other))
     with pytest.raises(TrialStoreError, match="is not the record of the trial"):
         store.read(params, config)

@@ -17,7 +17,8 @@ search with the same settings continues where each trial stood:
   time (``--max_concurrent 1``) ASHA stops the same trials at the same rounds.
 
 A record is keyed by the trial's tuned values and holds every setting the trial ran
-with; a trial whose settings differ from its record's (another ``--epochs``, other data)
+with and the segments it was trained in (code commit, device, torch threads: a trial
+continued on another device mixes two float paths, as a resumed run does); a trial whose settings differ from its record's (another ``--epochs``, other data)
 fails with one line naming the differences instead of mixing two computations.
 """
 
@@ -103,19 +104,30 @@ class TrialStore:
         path = self.state_path(params)
         return load_resume_state(path) if path.is_file() else None
 
-    def add_report(self, params: dict, config, record: dict | None, report: dict, state_file):
+    def add_report(
+        self, params: dict, config, record: dict | None, report: dict, state_file, first: bool
+    ) -> dict:
         """Append an epoch's ``report`` (dropping any report of that epoch or later: a
         trial that continues from an earlier state trains those epochs again), then
         store the state it continues from.  The record goes first: a state never runs
-        ahead of its record, and replay stops at the state's epoch.  Returns the record."""
+        ahead of its record, and replay stops at the state's epoch.  ``first``: the first
+        epoch this process trains, which opens a segment (the code and device that
+        trained the epochs from there).  Returns the record."""
         from recbole_freq.utils.reproducibility import code_identity
 
         record = record or _new_record(params, config)
         epoch = report["epoch"]
         record["reports"] = [r for r in record["reports"] if r["epoch"] < epoch] + [report]
-        code = code_identity().get("commit")
-        if code not in record["code"]:
-            record["code"].append(code)
+        if first:
+            record["segments"] = [s for s in record["segments"] if s["first_epoch"] < epoch]
+            record["segments"].append(
+                {
+                    "first_epoch": epoch,
+                    "code": code_identity(),
+                    "device": str(config["device"]),
+                    "torch_threads": _torch_threads(),
+                }
+            )
         write_atomic(self.record_path(params), json.dumps(record, indent=1))
         write_atomic(self.state_path(params), Path(state_file).read_bytes())
         return record
@@ -135,7 +147,7 @@ def _new_record(params: dict, config) -> dict:
         "dataset": str(config["dataset"]),
         "params": plain_value(params),
         "settings": recorded_settings(config),
-        "code": [],
+        "segments": [],
         "reports": [],
         "final": None,
     }
@@ -148,11 +160,21 @@ def _well_formed(record) -> bool:
     return (
         isinstance(record.get("params"), dict)
         and isinstance(record.get("settings"), dict)
-        and isinstance(record.get("code"), list)
+        and isinstance(record.get("segments"), list)
+        and all(
+            isinstance(g, dict) and isinstance(g.get("first_epoch"), int)
+            for g in record["segments"]
+        )
         and isinstance(reports, list)
         and all(isinstance(r, dict) and isinstance(r.get("epoch"), int) for r in reports)
         and (record.get("final") is None or isinstance(record.get("final"), dict))
     )
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _settings_differences(saved: dict, now: dict) -> list[str]:

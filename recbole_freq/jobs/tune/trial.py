@@ -94,7 +94,7 @@ def _train_trial(config, job, shared_dataset, state, stored) -> None:
     store, params, record = stored
     dataset, loaders, trainer = _trial_trainer(config, shared_dataset, state)
     train_data, valid_data, test_data = loaders
-    kept = {"record": record}
+    kept = {"record": record, "first": True}
 
     def report_epoch(epoch_idx, valid_score):
         # After RecBole's early-stopping bookkeeping of the epoch: the state saved is the
@@ -111,8 +111,9 @@ def _train_trial(config, job, shared_dataset, state, stored) -> None:
             save_resume_state(state_file, trainer, loaders, epoch_idx + 1)
             if store is not None:
                 kept["record"] = store.add_report(
-                    params, config, kept["record"], metrics, state_file
+                    params, config, kept["record"], metrics, state_file, kept["first"]
                 )
+                kept["first"] = False
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
 
     best_valid_score, best_valid_result = trainer.fit(
