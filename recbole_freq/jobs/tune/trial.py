@@ -63,7 +63,7 @@ def run_trial(params: dict, job: dict, shared_dataset=None) -> None:
 
         with restored.as_directory() as folder:
             state = load_resume_state(Path(folder) / TRIAL_STATE)
-    _train_trial(config, job, shared_dataset, state, (store, params, record))
+    _train_trial(config, shared_dataset, state, (store, params, record))
 
 
 def _replay(record: dict, state, state_file: Path, tune) -> bool:
@@ -82,7 +82,7 @@ def _replay(record: dict, state, state_file: Path, tune) -> bool:
     return finished
 
 
-def _train_trial(config, job, shared_dataset, state, stored) -> None:
+def _train_trial(config, shared_dataset, state, stored) -> None:
     """Train (or go on training from ``state``), report each validation epoch with its
     checkpoint, test the best epoch and send the final report."""
     from ray import tune
