@@ -111,11 +111,12 @@ def test_a_search_item_continues_from_its_trial_store_and_keeps_its_ranking(smal
     }
     settings["epochs"] = 2
     store = root / folder / lease.STORE
-    argv = [sys.executable, str(SCRIPT), "--root", str(root), "run", "--minutes", "2.5"]
+    # Minutes to spare: the lease ends when its only item does (about a minute alone).
+    argv = [sys.executable, str(SCRIPT), "--root", str(root), "run", "--minutes", "8"]
     argv += ["--data_path", small_config["data_path"], "--out", str(tmp_path / "out")]
     argv += ["--suite", "no", "--grace", "3", "--checkpoint_dir", str(tmp_path / "saved")]
     argv += [f"--{key}={value}" for key, value in settings.items()]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "| dry-search | nothing | 0 -> 1 of 1 | 0 | search finished |" in done.stdout
     ranking = (root / folder / "trials.csv").read_text().splitlines()
