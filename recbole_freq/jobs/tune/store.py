@@ -17,9 +17,11 @@ search with the same settings continues where each trial stood:
   time (``--max_concurrent 1``) ASHA stops the same trials at the same rounds.
 
 A record is keyed by the trial's tuned values and holds every setting the trial ran
-with and the segments it was trained in (code commit, device, torch threads: a trial
-continued on another device mixes two float paths, as a resumed run does); a trial whose settings differ from its record's (another ``--epochs``, other data)
-fails with one line naming the differences instead of mixing two computations.
+with and the segments it was trained in (each with the environment a run file records:
+code commit, device, torch threads, libraries; a trial continued on another device mixes
+two float paths, as a resumed run does); a trial whose settings differ from its record's
+(another ``--epochs``, other data) fails with one line naming the differences instead of
+mixing two computations.
 """
 
 from __future__ import annotations
@@ -111,23 +113,16 @@ class TrialStore:
         trial that continues from an earlier state trains those epochs again), then
         store the state it continues from.  The record goes first: a state never runs
         ahead of its record, and replay stops at the state's epoch.  ``first``: the first
-        epoch this process trains, which opens a segment (the code and device that
-        trained the epochs from there).  Returns the record."""
-        from recbole_freq.utils.reproducibility import code_identity
+        epoch this process trains, which opens a segment (the environment a run file
+        records: code, device, threads, libraries).  Returns the record."""
+        from recbole_freq.utils.reproducibility import environment_record
 
         record = record or _new_record(params, config)
         epoch = report["epoch"]
         record["reports"] = [r for r in record["reports"] if r["epoch"] < epoch] + [report]
         if first:
             record["segments"] = [s for s in record["segments"] if s["first_epoch"] < epoch]
-            record["segments"].append(
-                {
-                    "first_epoch": epoch,
-                    "code": code_identity(),
-                    "device": str(config["device"]),
-                    "torch_threads": _torch_threads(),
-                }
-            )
+            record["segments"].append({"first_epoch": epoch, **environment_record(config)})
         write_atomic(self.record_path(params), json.dumps(record, indent=1))
         write_atomic(self.state_path(params), Path(state_file).read_bytes())
         return record
@@ -169,12 +164,6 @@ def _well_formed(record) -> bool:
         and all(isinstance(r, dict) and isinstance(r.get("epoch"), int) for r in reports)
         and (record.get("final") is None or isinstance(record.get("final"), dict))
     )
-
-
-def _torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
 
 
 def _settings_differences(saved: dict, now: dict) -> list[str]:
